@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Make the local machine ready for swerl's integration tests and demo:
+#   1. install Docker (Debian's docker.io) when dockerd is missing,
+#   2. start dockerd in the background when it is not answering,
+#   3. build the swerl base image offline (debootstrap + docker import) when it is absent.
+# Idempotent: re-running it on a ready machine does nothing but check.
+# Images cannot be pulled in the environments swerl is developed in, so the base image is
+# assembled from Debian packages; on a normal machine any image with bash, git and python3 works.
+set -euo pipefail
+
+BASE_IMAGE="${SWERL_BASE_IMAGE:-swerl-base:bookworm}"
+SUITE="${SWERL_BASE_SUITE:-bookworm}"
+DOCKERD_LOG="${SWERL_DOCKERD_LOG:-/tmp/swerl-dockerd.log}"
+
+log() { printf '[docker-up] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+  log "installing Debian packages: $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! command -v dockerd >/dev/null 2>&1; then
+  apt_install docker.io
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd (log: $DOCKERD_LOG)"
+  as_root bash -c "nohup dockerd >'$DOCKERD_LOG' 2>&1 &"
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  docker info >/dev/null 2>&1 || { log "dockerd did not come up; see $DOCKERD_LOG"; tail -n 20 "$DOCKERD_LOG" >&2; exit 1; }
+fi
+log "dockerd is up: $(docker version --format '{{.Server.Version}}')"
+
+if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE present"
+  exit 0
+fi
+
+command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
+rootfs="$(mktemp -d /tmp/swerl-rootfs.XXXXXX)"
+trap 'as_root rm -rf "$rootfs"' EXIT
+log "building $BASE_IMAGE with debootstrap ($SUITE, about a minute)"
+as_root debootstrap --variant=minbase \
+  --include=bash,git,python3,python3-pytest,ca-certificates,procps,patch \
+  "$SUITE" "$rootfs" >/tmp/swerl-debootstrap.log 2>&1 \
+  || { log "debootstrap failed; see /tmp/swerl-debootstrap.log"; tail -n 20 /tmp/swerl-debootstrap.log >&2; exit 1; }
+as_root rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+as_root tar -C "$rootfs" -c . | docker import \
+  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'ENV LANG=C.UTF-8' \
+  --change 'CMD ["/bin/bash"]' \
+  - "$BASE_IMAGE" >/dev/null
+log "built $BASE_IMAGE ($(docker image inspect -f '{{.Size}}' "$BASE_IMAGE") bytes)"
