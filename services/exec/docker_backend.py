@@ -1,0 +1,217 @@
+"""The exec node's only door to dockerd: blocking Docker SDK calls run on a private thread pool.
+
+Keeping every SDK call here means the event loop never blocks on Docker, and the rest of the
+node speaks in plain Python values and swerl errors rather than docker exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+
+from swerl.exec.errors import DockerUnavailable, ImageNotPresent
+
+T = TypeVar("T")
+
+LABEL_PREFIX = "swerl."
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    workdir: str
+    env: dict[str, str]
+    labels: dict[str, str]
+    cpus: float
+    memory_bytes: int
+    pids: int
+    network: str  # "none" | "bridge"
+    cap_add: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    container_id: str
+    name: str
+    labels: dict[str, str]
+    running: bool
+    status: str
+
+
+@dataclass
+class HijackedExec:
+    """A `docker exec` whose stdin/stdout/stderr is a raw socket (Docker's multiplexed framing)."""
+
+    exec_id: str
+    sock: socket.socket
+    # The SDK's socket wrapper; kept referenced so the socket is not closed under us.
+    keepalive: Any
+
+
+class DockerBackend:
+    def __init__(self, client: docker.DockerClient, *, threads: int = 32) -> None:
+        self._client = client
+        self._api = client.api
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
+
+    @classmethod
+    def from_env(cls, *, threads: int = 32) -> DockerBackend:
+        try:
+            client = docker.from_env(timeout=120, max_pool_size=threads)
+        except docker.errors.DockerException as exc:
+            raise DockerUnavailable(f"cannot reach dockerd: {exc}") from exc
+        return cls(client, threads=threads)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except docker.errors.DockerException:
+            # Includes APIError/NotFound, which are also OSErrors: callers handle them.
+            raise
+        except OSError as exc:
+            raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    # -- daemon ---------------------------------------------------------------------------
+    async def ping(self) -> str:
+        """Docker's server version; raises DockerUnavailable when dockerd does not answer."""
+        try:
+            version = await self._call(self._api.version)
+        except docker.errors.DockerException as exc:
+            raise DockerUnavailable(f"dockerd unhealthy: {exc}") from exc
+        return str(version.get("Version", "unknown"))
+
+    async def host_resources(self) -> tuple[int, int]:
+        info = await self._call(self._api.info)
+        return int(info.get("NCPU", 0)), int(info.get("MemTotal", 0))
+
+    # -- images ---------------------------------------------------------------------------
+    async def image_present(self, image: str) -> bool:
+        try:
+            await self._call(self._api.inspect_image, image)
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.NotFound:
+            return False
+        return True
+
+    async def list_images(self) -> list[dict[str, Any]]:
+        return await self._call(self._api.images)
+
+    def pull_stream(self, repository: str, tag: str | None) -> Any:
+        """Blocking generator of Docker pull progress dicts; iterate it on a worker thread."""
+        return self._api.pull(repository, tag=tag, stream=True, decode=True)
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._call(fn, *args)
+
+    async def tag_image(self, source: str, repository: str, tag: str | None) -> None:
+        await self._call(self._api.tag, source, repository, tag)
+
+    # -- containers -----------------------------------------------------------------------
+    async def create_and_start(self, spec: ContainerSpec) -> str:
+        host_config = self._api.create_host_config(
+            init=True,
+            network_mode=spec.network,
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            cap_add=list(spec.cap_add),
+            pids_limit=spec.pids,
+            mem_limit=spec.memory_bytes,
+            memswap_limit=spec.memory_bytes,
+            nano_cpus=int(spec.cpus * 1e9),
+        )
+        try:
+            created = await self._call(
+                self._api.create_container,
+                spec.image,
+                command=["sleep", "infinity"],
+                name=spec.name,
+                labels=spec.labels,
+                working_dir=spec.workdir or None,
+                environment=spec.env,
+                host_config=host_config,
+                detach=True,
+            )
+        except docker.errors.ImageNotFound as exc:
+            raise ImageNotPresent(
+                f"image {spec.image!r} is not present on this node (swerl never pulls implicitly;"
+                " use EnsureImages)",
+                image=spec.image,
+            ) from exc
+        container_id = str(created["Id"])
+        try:
+            await self._call(self._api.start, container_id)
+        except BaseException:
+            await self.remove(container_id)
+            raise
+        return container_id
+
+    async def remove(self, container_id: str) -> bool:
+        """Force-removes a container; False if it did not exist."""
+        try:
+            await self._call(self._api.remove_container, container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            # Removal already in progress counts as gone-soon; anything else is real.
+            if "removal of container" in str(exc) and "already in progress" in str(exc):
+                return True
+            raise
+        return True
+
+    async def list_labelled(self, label_filters: dict[str, str]) -> list[ContainerInfo]:
+        filters = {"label": [f"{k}={v}" for k, v in label_filters.items()]}
+        rows = await self._call(self._api.containers, all=True, filters=filters)
+        return [
+            ContainerInfo(
+                container_id=row["Id"],
+                name=(row.get("Names") or ["/"])[0].lstrip("/"),
+                labels=row.get("Labels") or {},
+                running=row.get("State") == "running",
+                status=str(row.get("Status", "")),
+            )
+            for row in rows
+        ]
+
+    async def is_running(self, container_id: str) -> bool:
+        try:
+            data = await self._call(self._api.inspect_container, container_id)
+        except docker.errors.NotFound:
+            return False
+        return bool(data.get("State", {}).get("Running"))
+
+    # -- exec -----------------------------------------------------------------------------
+    async def exec_hijacked(self, container_id: str, argv: list[str]) -> HijackedExec:
+        def start() -> HijackedExec:
+            created = self._api.exec_create(
+                container_id, argv, stdin=True, stdout=True, stderr=True, tty=False
+            )
+            wrapper = self._api.exec_start(created["Id"], socket=True)
+            raw = getattr(wrapper, "_sock", wrapper)
+            return HijackedExec(exec_id=created["Id"], sock=raw, keepalive=wrapper)
+
+        return await self._call(start)
+
+    async def exec_run(self, container_id: str, argv: list[str]) -> tuple[int, bytes]:
+        """A one-off `docker exec` (about 60 ms); for rare control actions like signalling."""
+
+        def run() -> tuple[int, bytes]:
+            created = self._api.exec_create(container_id, argv, stdout=True, stderr=True)
+            output = self._api.exec_start(created["Id"])
+            code = self._api.exec_inspect(created["Id"]).get("ExitCode")
+            return int(code if code is not None else -1), bytes(output or b"")
+
+        return await self._call(run)

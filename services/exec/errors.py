@@ -1,0 +1,73 @@
+"""Failures of the exec node, each with one gRPC code and one ErrorInfo reason."""
+
+from __future__ import annotations
+
+from swerl.chassis.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
+
+
+class SandboxNotFound(NotFound):
+    reason = "SANDBOX_NOT_FOUND"
+
+
+class ImageNotPresent(FailedPrecondition):
+    reason = "IMAGE_NOT_PRESENT"
+
+
+class InvalidImageReference(InvalidArgument):
+    reason = "INVALID_IMAGE_REFERENCE"
+
+
+class NodeAtCapacity(ResourceExhausted):
+    reason = "NODE_AT_CAPACITY"
+
+
+class InvalidSandboxSpec(InvalidArgument):
+    reason = "INVALID_SANDBOX_SPEC"
+
+
+class ExecStartRequired(InvalidArgument):
+    reason = "EXEC_START_REQUIRED"
+
+
+class EmptyCommand(InvalidArgument):
+    reason = "EMPTY_COMMAND"
+
+
+class InvalidCommand(InvalidArgument):
+    reason = "INVALID_COMMAND"
+
+
+class StdinNotOpen(FailedPrecondition):
+    reason = "STDIN_NOT_OPEN"
+
+
+class SandboxNotRunning(FailedPrecondition):
+    reason = "SANDBOX_NOT_RUNNING"
+
+
+class NotAGitRepository(FailedPrecondition):
+    reason = "NOT_A_GIT_REPOSITORY"
+
+
+class UnknownBaseRef(FailedPrecondition):
+    reason = "UNKNOWN_BASE_REF"
+
+
+class DiffTooLarge(FailedPrecondition):
+    reason = "DIFF_TOO_LARGE"
+
+
+class DockerUnavailable(Unavailable):
+    reason = "DOCKER_UNAVAILABLE"
+
+
+class ShellUnavailable(Unavailable):
+    """The in-container shell could not be started (e.g. the image has no bash)."""
+
+    reason = "SHELL_UNAVAILABLE"

@@ -1,0 +1,603 @@
+"""The exec node's domain: sandboxes on the local dockerd, their commands, diffs and images.
+
+Every container swerl creates carries labels (node, sandbox id, image, owner, lease, instance,
+initial expiry) so nothing swerl made is ever unaccounted for; the renewable expiry and the
+idempotency keys live in the node's SQLite store. On start the node adopts the labelled
+containers that are still valid and removes the rest, and a reaper destroys sandboxes past their
+expiry, so neither a node restart nor a dead client leaks a container for longer than one TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+import docker.errors
+import structlog
+
+import swerl
+from swerl.exec.docker_backend import ContainerSpec, DockerBackend
+from swerl.exec.errors import (
+    DiffTooLarge,
+    DockerUnavailable,
+    ImageNotPresent,
+    InvalidImageReference,
+    InvalidSandboxSpec,
+    NodeAtCapacity,
+    NotAGitRepository,
+    SandboxNotFound,
+    SandboxNotRunning,
+    UnknownBaseRef,
+)
+from swerl.exec.settings import ExecSettings
+from swerl.exec.shell import CommandRun, CommandSpec, SandboxShell, bash_quote
+from swerl.exec.store import NodeStore, StoredSandbox
+
+log = structlog.get_logger(__name__)
+
+L = "swerl."  # label prefix
+USER_LABEL = L + "user."
+
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)"
+_DOMAIN = rf"(?:{_HOST}(?:\.{_HOST})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
+_IMAGE_REF = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def validate_image_reference(image: str) -> None:
+    """Docker's reference grammar (name[:tag][@digest]) or a full image id."""
+    if not image:
+        raise InvalidImageReference("image is required")
+    if len(image) > 512 or not (_IMAGE_REF.match(image) or _IMAGE_ID.match(image)):
+        raise InvalidImageReference(f"malformed image reference {image!r}", image=image)
+
+
+def split_reference(image: str) -> tuple[str, str | None]:
+    """("repo", "tag") for pulling; a digest stays in the repository part."""
+    if "@" in image:
+        return image, None
+    slash = image.rfind("/")
+    colon = image.rfind(":")
+    if colon > slash:
+        return image[:colon], image[colon + 1 :]
+    return image, "latest"
+
+
+@dataclass
+class Resources:
+    cpus: float
+    memory_bytes: int
+    pids: int
+
+
+@dataclass
+class CreateSpec:
+    image: str
+    request_id: str = ""
+    workdir: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    resources: Resources | None = None
+    network: str = "none"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    ttl_s: float = 0.0
+    lease_id: str = ""
+    owner: str = ""
+    instance_id: str = ""
+
+
+@dataclass
+class SandboxRecord:
+    sandbox_id: str
+    container_id: str
+    image: str
+    workdir: str
+    env: dict[str, str]
+    labels: dict[str, str]
+    create_time: float
+    expire_time: float
+    lease_id: str
+    owner: str
+    instance_id: str
+    resources: Resources
+    network: str
+    request_id: str
+    shell: SandboxShell
+    running: bool = True
+    destroying: asyncio.Future[bool] | None = None
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    patch: bytes
+    files: list[str]
+    base_commit: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    version: str
+    capacity: int
+    running: int
+    docker_healthy: bool
+    docker_version: str
+    docker_error: str
+    cpus: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ImageEvent:
+    """Progress (status set, final False) or the final result of one image."""
+
+    image: str
+    final: bool
+    status: str  # progress: Docker's status; final: PRESENT | PULLED | FAILED
+    current_bytes: int = 0
+    total_bytes: int = 0
+    reason: str = ""
+    message: str = ""
+    duration_s: float = 0.0
+
+
+class SandboxManager:
+    def __init__(
+        self,
+        settings: ExecSettings,
+        backend: DockerBackend,
+        store: NodeStore,
+        *,
+        on_docker_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.store = store
+        self._records: dict[str, SandboxRecord] = {}
+        self._by_request: dict[str, str] = {}
+        self._creating: dict[str, asyncio.Future[SandboxRecord]] = {}
+        self._pending_creates = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._on_docker_health = on_docker_health
+        self.docker_healthy = True
+        self.docker_version = ""
+        self.docker_error = ""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.docker_version = await self.backend.ping()
+        await self.reconcile()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._reap_loop(), name="exec.reaper"),
+            loop.create_task(self._docker_health_loop(), name="exec.docker-health"),
+        ]
+
+    async def stop(self) -> None:
+        """Stops background work; sandboxes stay (the next start adopts them)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for record in self._records.values():
+            await record.shell.close()
+
+    async def reconcile(self) -> None:
+        """Adopts valid labelled containers of this node and removes expired or stopped ones."""
+        stored = self.store.all()
+        now = time.time()
+        found = await self.backend.list_labelled({L + "node": self.settings.node_id})
+        seen: set[str] = set()
+        adopted = removed = 0
+        for info in found:
+            labels = info.labels
+            sandbox_id = labels.get(L + "sandbox_id", "")
+            row = stored.get(sandbox_id)
+            expire = row.expire_time if row else float(labels.get(L + "expire_time", "0") or 0)
+            if not sandbox_id or not info.running or expire <= now:
+                await self.backend.remove(info.container_id)
+                removed += 1
+                continue
+            seen.add(sandbox_id)
+            record = self._record_from_labels(info.container_id, labels, expire)
+            self._records[sandbox_id] = record
+            if record.request_id:
+                self._by_request[record.request_id] = sandbox_id
+            if row is None:
+                self.store.put(
+                    StoredSandbox(sandbox_id, info.container_id, record.request_id, expire)
+                )
+            adopted += 1
+        for sandbox_id in stored.keys() - seen:
+            self.store.delete(sandbox_id)
+        log.info("exec.reconciled", adopted=adopted, removed=removed)
+
+    def _record_from_labels(
+        self, container_id: str, labels: Mapping[str, str], expire: float
+    ) -> SandboxRecord:
+        user = {k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)}
+        env = {k[len(L + "env.") :]: v for k, v in labels.items() if k.startswith(L + "env.")}
+        return SandboxRecord(
+            sandbox_id=labels[L + "sandbox_id"],
+            container_id=container_id,
+            image=labels.get(L + "image", ""),
+            workdir=labels.get(L + "workdir", ""),
+            env=env,
+            labels=user,
+            create_time=float(labels.get(L + "create_time", "0") or 0),
+            expire_time=expire,
+            lease_id=labels.get(L + "lease_id", ""),
+            owner=labels.get(L + "owner", ""),
+            instance_id=labels.get(L + "instance_id", ""),
+            resources=Resources(
+                cpus=float(labels.get(L + "cpus", "0") or 0),
+                memory_bytes=int(labels.get(L + "memory_bytes", "0") or 0),
+                pids=int(labels.get(L + "pids", "0") or 0),
+            ),
+            network=labels.get(L + "network", "none"),
+            request_id=labels.get(L + "request_id", ""),
+            shell=SandboxShell(self.backend, container_id, env),
+        )
+
+    # -- queries --------------------------------------------------------------------------
+    @property
+    def live_count(self) -> int:
+        return len(self._records) + self._pending_creates
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        record = self._records.get(sandbox_id)
+        if record is None or record.destroying is not None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r} on this node", sandbox_id=sandbox_id)
+        return record
+
+    def list(self, selector: Mapping[str, str]) -> list[SandboxRecord]:
+        return [
+            r
+            for r in self._records.values()
+            if r.destroying is None and all(r.labels.get(k) == v for k, v in selector.items())
+        ]
+
+    async def node_info(self) -> NodeInfo:
+        cpus, memory = 0, 0
+        with contextlib.suppress(Exception):
+            cpus, memory = await self.backend.host_resources()
+        return NodeInfo(
+            node_id=self.settings.node_id,
+            version=swerl.__version__,
+            capacity=self.settings.max_sandboxes,
+            running=self.live_count,
+            docker_healthy=self.docker_healthy,
+            docker_version=self.docker_version,
+            docker_error=self.docker_error,
+            cpus=cpus,
+            memory_bytes=memory,
+        )
+
+    # -- create / renew / destroy ---------------------------------------------------------
+    def _validate(self, spec: CreateSpec) -> None:
+        validate_image_reference(spec.image)
+        if spec.workdir and not spec.workdir.startswith("/"):
+            raise InvalidSandboxSpec(f"workdir must be absolute, got {spec.workdir!r}")
+        if spec.ttl_s < 0 or spec.ttl_s > self.settings.max_ttl_s:
+            raise InvalidSandboxSpec(
+                f"ttl must be between 0 and {self.settings.max_ttl_s:g} s, got {spec.ttl_s:g}"
+            )
+        if spec.network not in ("none", "bridge"):
+            raise InvalidSandboxSpec(f"unknown network {spec.network!r}")
+        if spec.network == "bridge" and not self.settings.allow_bridge_network:
+            raise InvalidSandboxSpec("this node does not allow bridge networking")
+        res = spec.resources
+        if res is not None and (res.cpus < 0 or res.memory_bytes < 0 or res.pids < 0):
+            raise InvalidSandboxSpec("resource limits cannot be negative")
+        for key in spec.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise InvalidSandboxSpec(f"invalid environment variable name {key!r}")
+
+    async def create(self, spec: CreateSpec) -> SandboxRecord:
+        self._validate(spec)
+        if spec.request_id:
+            existing = self._by_request.get(spec.request_id)
+            if existing is not None and existing in self._records:
+                return self._records[existing]
+            inflight = self._creating.get(spec.request_id)
+            if inflight is not None:
+                return await asyncio.shield(inflight)
+        if self.live_count >= self.settings.max_sandboxes:
+            raise NodeAtCapacity(
+                f"node {self.settings.node_id} hosts {self.live_count} of"
+                f" {self.settings.max_sandboxes} sandboxes",
+                node_id=self.settings.node_id,
+                capacity=self.settings.max_sandboxes,
+            )
+        # The create runs to completion even if the caller goes away: a half-made container
+        # would otherwise exist without a record. A retry with the same request_id finds it.
+        self._pending_creates += 1
+        task = asyncio.get_running_loop().create_task(self._create(spec))
+        if spec.request_id:
+            self._creating[spec.request_id] = task
+        try:
+            return await asyncio.shield(task)
+        finally:
+            if task.done():
+                self._creating.pop(spec.request_id, None)
+            else:
+                task.add_done_callback(lambda _: self._creating.pop(spec.request_id, None))
+
+    async def _create(self, spec: CreateSpec) -> SandboxRecord:
+        try:
+            if not await self.backend.image_present(spec.image):
+                raise ImageNotPresent(
+                    f"image {spec.image!r} is not present on node {self.settings.node_id};"
+                    " swerl never pulls implicitly (use EnsureImages)",
+                    image=spec.image,
+                    node_id=self.settings.node_id,
+                )
+            s = self.settings
+            res = spec.resources or Resources(0, 0, 0)
+            resources = Resources(
+                cpus=res.cpus or s.default_cpus,
+                memory_bytes=res.memory_bytes or s.default_memory_bytes,
+                pids=res.pids or s.default_pids,
+            )
+            sandbox_id = "sbx-" + uuid.uuid4().hex[:20]
+            now = time.time()
+            expire = now + (spec.ttl_s or s.default_ttl_s)
+            labels = {
+                L + "managed": "1",
+                L + "node": s.node_id,
+                L + "sandbox_id": sandbox_id,
+                L + "image": spec.image,
+                L + "workdir": spec.workdir,
+                L + "create_time": f"{now:.3f}",
+                L + "expire_time": f"{expire:.3f}",
+                L + "lease_id": spec.lease_id,
+                L + "owner": spec.owner,
+                L + "instance_id": spec.instance_id,
+                L + "request_id": spec.request_id,
+                L + "network": spec.network,
+                L + "cpus": f"{resources.cpus:g}",
+                L + "memory_bytes": str(resources.memory_bytes),
+                L + "pids": str(resources.pids),
+            }
+            labels.update({L + "env." + k: v for k, v in spec.env.items()})
+            labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
+            container_id = await self.backend.create_and_start(
+                ContainerSpec(
+                    name="swerl-" + sandbox_id,
+                    image=spec.image,
+                    workdir=spec.workdir,
+                    env=dict(spec.env),
+                    labels=labels,
+                    cpus=resources.cpus,
+                    memory_bytes=resources.memory_bytes,
+                    pids=resources.pids,
+                    network=spec.network,
+                    cap_add=tuple(s.cap_add),
+                )
+            )
+            record = self._record_from_labels(container_id, labels, expire)
+            self.store.put(StoredSandbox(sandbox_id, container_id, spec.request_id, expire))
+            self._records[sandbox_id] = record
+            if spec.request_id:
+                self._by_request[spec.request_id] = sandbox_id
+            log.info("sandbox.created", sandbox_id=sandbox_id, image=spec.image)
+            return record
+        finally:
+            self._pending_creates -= 1
+
+    async def renew(self, sandbox_id: str, ttl_s: float) -> SandboxRecord:
+        record = self.get(sandbox_id)
+        if ttl_s < 0 or ttl_s > self.settings.max_ttl_s:
+            raise InvalidSandboxSpec(f"ttl must be between 0 and {self.settings.max_ttl_s:g} s")
+        record.expire_time = time.time() + (ttl_s or self.settings.default_ttl_s)
+        self.store.set_expiry(sandbox_id, record.expire_time)
+        return record
+
+    async def destroy(self, sandbox_id: str) -> bool:
+        """Removes the sandbox; False if it did not exist. Frees its slot only once Docker
+        confirmed the removal (a failed removal keeps counting against capacity)."""
+        record = self._records.get(sandbox_id)
+        if record is None:
+            return False
+        if record.destroying is not None:
+            return await asyncio.shield(record.destroying)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        record.destroying = future
+        try:
+            await record.shell.close()
+            await self.backend.remove(record.container_id)
+        except BaseException as exc:
+            record.destroying = None
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it, nobody else must log it
+            raise
+        self._records.pop(sandbox_id, None)
+        if record.request_id:
+            self._by_request.pop(record.request_id, None)
+        self.store.delete(sandbox_id)
+        future.set_result(True)
+        log.info("sandbox.destroyed", sandbox_id=sandbox_id)
+        return True
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.reap_interval_s)
+            now = time.time()
+            for record in list(self._records.values()):
+                if record.expire_time <= now and record.destroying is None:
+                    try:
+                        await self.destroy(record.sandbox_id)
+                        log.info("sandbox.reaped", sandbox_id=record.sandbox_id)
+                    except Exception as exc:  # retried next round
+                        log.warning("sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc))
+
+    async def _docker_health_loop(self) -> None:
+        while True:
+            try:
+                self.docker_version = await self.backend.ping()
+                healthy, error = True, ""
+            except DockerUnavailable as exc:
+                healthy, error = False, exc.message
+            if healthy != self.docker_healthy:
+                log.warning("exec.docker_health", healthy=healthy, error=error)
+                if self._on_docker_health is not None:
+                    self._on_docker_health(healthy)
+            self.docker_healthy, self.docker_error = healthy, error
+            await asyncio.sleep(self.settings.docker_health_interval_s)
+
+    # -- commands -------------------------------------------------------------------------
+    def start_command(self, sandbox_id: str, spec: CommandSpec) -> CommandRun:
+        record = self.get(sandbox_id)
+        if not record.running:
+            raise SandboxNotRunning(f"sandbox {sandbox_id!r} is not running")
+        cwd = spec.cwd or ("" if spec.session else record.workdir)
+        return record.shell.start(
+            CommandSpec(
+                command=spec.command,
+                cwd=cwd,
+                env=spec.env,
+                timeout_s=spec.timeout_s or self.settings.default_timeout_s,
+                max_output_bytes=min(
+                    spec.max_output_bytes or self.settings.default_max_output_bytes,
+                    self.settings.max_output_bytes_limit,
+                ),
+                session=spec.session,
+                open_stdin=spec.open_stdin,
+            )
+        )
+
+    async def diff(
+        self, sandbox_id: str, base_ref: str, include_untracked: bool, path: str
+    ) -> DiffResult:
+        record = self.get(sandbox_id)
+        repo = path or record.workdir or "."
+        base = base_ref or "HEAD"
+        # A private index (GIT_INDEX_FILE) leaves the agent's staging area untouched.
+        git = (
+            "git -c core.quotepath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false"
+            " -c color.ui=false"
+        )
+        add = "add -A" if include_untracked else "add -u"
+        script = f"""
+cd -- {bash_quote(repo).decode()} 2>/dev/null || {{ echo "no such directory" >&2; exit 90; }}
+git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 91
+base=$(git rev-parse --verify -q {bash_quote(base + "^{commit}").decode()}) || exit 92
+idx=$(mktemp) || exit 93
+trap 'rm -f "$idx"' EXIT
+export GIT_INDEX_FILE="$idx"
+{git} read-tree "$base" && {git} {add} >/dev/null || exit 94
+printf '%s\\n' "$base"
+{git} diff --cached --name-only -z "$base" || exit 95
+printf '\\0'
+{git} diff --cached --binary --no-ext-diff --no-textconv "$base" || exit 96
+"""
+        code, out, err, truncated = await record.shell.run_capture(
+            script,
+            timeout_s=120.0,
+            max_output_bytes=self.settings.max_diff_bytes,
+            cwd="",
+        )
+        if code == 90 or code == 91:
+            raise NotAGitRepository(f"{repo!r} is not a git work tree in sandbox {sandbox_id}")
+        if code == 92:
+            raise UnknownBaseRef(f"base ref {base!r} is not a commit in {repo!r}")
+        if truncated:
+            raise DiffTooLarge(f"diff exceeds {self.settings.max_diff_bytes} bytes")
+        if code != 0:
+            message = err.decode(errors="replace")[-500:]
+            raise NotAGitRepository(f"git failed ({code}): {message}")
+        head, _, rest = out.partition(b"\n")
+        names, _, patch = rest.partition(b"\0\0")
+        if not names and rest.startswith(b"\0"):
+            patch = rest[1:]
+        files = [n.decode("utf-8", "surrogateescape") for n in names.split(b"\0") if n]
+        return DiffResult(patch=patch, files=files, base_commit=head.decode().strip())
+
+    # -- images ---------------------------------------------------------------------------
+    async def list_images(self) -> list[dict]:
+        return await self.backend.list_images()
+
+    async def ensure_images(
+        self, images: list[str], mirror_prefix: str, concurrency: int
+    ) -> AsyncIterator[ImageEvent]:
+        queue: asyncio.Queue[ImageEvent | None] = asyncio.Queue()
+        limit = asyncio.Semaphore(max(concurrency, 1))
+
+        async def one(image: str) -> None:
+            async with limit:
+                await queue.put(await self._ensure_one(image, mirror_prefix, queue))
+
+        async def all_images() -> None:
+            try:
+                await asyncio.gather(*(one(image) for image in dict.fromkeys(images)))
+            finally:
+                await queue.put(None)
+
+        runner = asyncio.get_running_loop().create_task(all_images())
+        try:
+            while (event := await queue.get()) is not None:
+                yield event
+        finally:
+            runner.cancel()
+
+    async def _ensure_one(
+        self, image: str, mirror_prefix: str, queue: asyncio.Queue[ImageEvent | None]
+    ) -> ImageEvent:
+        started = time.monotonic()
+
+        def result(status: str, reason: str = "", message: str = "") -> ImageEvent:
+            return ImageEvent(
+                image, True, status, reason=reason, message=message,
+                duration_s=time.monotonic() - started,
+            )
+
+        try:
+            validate_image_reference(image)
+        except InvalidImageReference as exc:
+            return result("FAILED", "INVALID_IMAGE_REFERENCE", exc.message)
+        if await self.backend.image_present(image):
+            return result("PRESENT")
+        source = mirror_prefix.rstrip("/") + "/" + image if mirror_prefix else image
+        repository, tag = split_reference(source)
+        loop = asyncio.get_running_loop()
+
+        def pull() -> None:
+            for row in self.backend.pull_stream(repository, tag):
+                if "error" in row:
+                    raise docker.errors.APIError(str(row.get("error")))
+                detail = row.get("progressDetail") or {}
+                event = ImageEvent(
+                    image, False, str(row.get("status", "")),
+                    int(detail.get("current", 0) or 0), int(detail.get("total", 0) or 0),
+                )
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        try:
+            await self.backend.run_blocking(pull)
+            if mirror_prefix:
+                target_repo, target_tag = split_reference(image)
+                await self.backend.tag_image(source, target_repo, target_tag)
+        except docker.errors.DockerException as exc:
+            text = str(exc)
+            lowered = text.lower()
+            if any(s in lowered for s in ("dial tcp", "no such host", "connection refused",
+                                           "i/o timeout", "tls handshake", "network is unreachable")):
+                reason = "REGISTRY_UNREACHABLE"
+            elif any(s in lowered for s in ("not found", "manifest unknown", "pull access denied")):
+                reason = "IMAGE_NOT_FOUND"
+            else:
+                reason = "PULL_FAILED"
+            return result("FAILED", reason, text[-1000:])
+        except DockerUnavailable as exc:
+            return result("FAILED", "PULL_FAILED", exc.message)
+        return result("PULLED")

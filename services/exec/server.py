@@ -1,0 +1,52 @@
+"""Assembles the exec node: Docker backend, durable store, sandbox manager, gRPC server."""
+
+from __future__ import annotations
+
+from swerl.chassis.server import GrpcServer
+from swerl.exec.docker_backend import DockerBackend
+from swerl.exec.sandboxes import SandboxManager
+from swerl.exec.servicer import SandboxServicer
+from swerl.exec.settings import ExecSettings
+from swerl.exec.store import NodeStore
+from swerl.exec.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+SANDBOX_SERVICE = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
+
+
+class ExecNode:
+    """One running exec node; `start()` then `serve_until_signal()` or `stop()`."""
+
+    def __init__(self, settings: ExecSettings) -> None:
+        self.settings = settings
+        self.backend = DockerBackend.from_env(threads=settings.docker_threads)
+        self.store = NodeStore(settings.state_dir / f"{settings.node_id}.sqlite")
+        self.server = GrpcServer(settings, name="exec")
+        self.manager = SandboxManager(
+            settings, self.backend, self.store, on_docker_health=self._docker_health_changed
+        )
+        self.server.add_service(
+            sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
+            SandboxServicer(self.manager),
+            [SANDBOX_SERVICE],
+        )
+        self.server.add_shutdown_callback(self._shutdown)
+        self.port = 0
+
+    def _docker_health_changed(self, healthy: bool) -> None:
+        self.server.set_serving(healthy)
+
+    async def start(self) -> int:
+        await self.manager.start()
+        self.port = await self.server.start()
+        return self.port
+
+    async def _shutdown(self) -> None:
+        await self.manager.stop()
+        self.store.close()
+        self.backend.close()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.server.stop(grace_s)
+
+    async def serve_until_signal(self) -> None:
+        await self.server.serve_until_signal()

@@ -1,0 +1,245 @@
+"""SandboxService: protos in, domain calls, protos out. No logic, logging or settings here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
+from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
+from swerl.exec.shell import CommandSpec, Exit, Output, Started
+from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.exec.v1 import sandbox_pb2_grpc
+
+_NETWORK_TO_DOMAIN = {
+    pb.NETWORK_MODE_UNSPECIFIED: "none",
+    pb.NETWORK_MODE_NONE: "none",
+    pb.NETWORK_MODE_BRIDGE: "bridge",
+}
+_NETWORK_TO_PB = {"none": pb.NETWORK_MODE_NONE, "bridge": pb.NETWORK_MODE_BRIDGE}
+_SIGNALS = {pb.SIGNAL_INT: "INT", pb.SIGNAL_TERM: "TERM", pb.SIGNAL_KILL: "KILL"}
+_PULL_STATUS = {
+    "PRESENT": pb.IMAGE_PULL_STATUS_PRESENT,
+    "PULLED": pb.IMAGE_PULL_STATUS_PULLED,
+    "FAILED": pb.IMAGE_PULL_STATUS_FAILED,
+}
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def _timestamp(t: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(t * 1e9))
+    return ts
+
+
+def _duration(s: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(s * 1e9))
+    return d
+
+
+def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
+    return pb.Sandbox(
+        sandbox_id=record.sandbox_id,
+        image=record.image,
+        workdir=record.workdir,
+        state=pb.SANDBOX_STATE_RUNNING if record.running else pb.SANDBOX_STATE_EXITED,
+        labels=record.labels,
+        create_time=_timestamp(record.create_time),
+        expire_time=_timestamp(record.expire_time),
+        lease_id=record.lease_id,
+        owner=record.owner,
+        instance_id=record.instance_id,
+        resources=pb.Resources(
+            cpus=record.resources.cpus,
+            memory_bytes=record.resources.memory_bytes,
+            pids=record.resources.pids,
+        ),
+        network=_NETWORK_TO_PB.get(record.network, pb.NETWORK_MODE_NONE),
+        node_id=node_id,
+    )
+
+
+class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
+    def __init__(self, manager: SandboxManager) -> None:
+        self._m = manager
+
+    @property
+    def _node(self) -> str:
+        return self._m.settings.node_id
+
+    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
+        res = request.resources
+        record = await self._m.create(
+            CreateSpec(
+                image=request.image,
+                request_id=request.request_id,
+                workdir=request.workdir,
+                env=dict(request.env),
+                resources=Resources(res.cpus, res.memory_bytes, res.pids),
+                network=_NETWORK_TO_DOMAIN.get(request.network, "invalid"),
+                labels=dict(request.labels),
+                ttl_s=_seconds(request.ttl),
+                lease_id=request.lease_id,
+                owner=request.owner,
+                instance_id=request.instance_id,
+            )
+        )
+        return pb.CreateSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
+
+    async def GetSandbox(self, request: pb.GetSandboxRequest, context) -> pb.GetSandboxResponse:
+        return pb.GetSandboxResponse(sandbox=sandbox_to_pb(self._m.get(request.sandbox_id), self._node))
+
+    async def Exec(
+        self, request_iterator: AsyncIterator[pb.ExecRequest], context
+    ) -> AsyncIterator[pb.ExecResponse]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "start":
+            raise ExecStartRequired("the first Exec message must be `start`")
+        start = first.start
+        if not start.command.strip():
+            raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
+        run = self._m.start_command(
+            start.sandbox_id,
+            CommandSpec(
+                command=start.command,
+                cwd=start.cwd,
+                env=dict(start.env),
+                timeout_s=_seconds(start.timeout),
+                max_output_bytes=start.max_output_bytes,
+                session=start.mode == pb.EXEC_MODE_SESSION,
+                open_stdin=start.open_stdin,
+            ),
+        )
+        inputs = asyncio.get_running_loop().create_task(
+            self._pump_inputs(request_iterator, run, start.open_stdin)
+        )
+        finished = False
+        try:
+            async for event in run.events():
+                if isinstance(event, Output):
+                    yield pb.ExecResponse(output=pb.ExecOutput(stream=event.stream, data=event.data))
+                elif isinstance(event, Started):
+                    yield pb.ExecResponse(started=pb.ExecStarted(pgid=event.pgid))
+                elif isinstance(event, Exit):
+                    finished = True
+                    yield pb.ExecResponse(
+                        exit=pb.ExecExit(
+                            exit_code=event.exit_code,
+                            timed_out=event.timed_out,
+                            output_truncated=event.output_truncated,
+                            duration=_duration(event.duration_s),
+                            bytes_dropped=event.bytes_dropped,
+                            signaled=event.signaled,
+                        )
+                    )
+        finally:
+            if not finished:
+                run.abandon()
+            inputs.cancel()
+            with contextlib.suppress(BaseException):
+                await inputs
+
+    @staticmethod
+    async def _pump_inputs(requests: AsyncIterator[pb.ExecRequest], run, open_stdin: bool) -> None:
+        async for message in requests:
+            kind = message.WhichOneof("kind")
+            if kind == "signal":
+                signal = _SIGNALS.get(message.signal.signal)
+                if signal is not None:
+                    run.request_kill(signal)
+            elif kind == "stdin":
+                if not open_stdin:
+                    raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
+                await run.write_stdin(message.stdin.data, message.stdin.close)
+
+    async def GetDiff(self, request: pb.GetDiffRequest, context) -> pb.GetDiffResponse:
+        result = await self._m.diff(
+            request.sandbox_id, request.base_ref, request.include_untracked, request.path
+        )
+        return pb.GetDiffResponse(
+            patch=result.patch, files=result.files, base_commit=result.base_commit
+        )
+
+    async def RenewSandbox(self, request: pb.RenewSandboxRequest, context) -> pb.RenewSandboxResponse:
+        record = await self._m.renew(request.sandbox_id, _seconds(request.ttl))
+        return pb.RenewSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
+
+    async def DestroySandbox(
+        self, request: pb.DestroySandboxRequest, context
+    ) -> pb.DestroySandboxResponse:
+        return pb.DestroySandboxResponse(existed=await self._m.destroy(request.sandbox_id))
+
+    async def ListSandboxes(
+        self, request: pb.ListSandboxesRequest, context
+    ) -> pb.ListSandboxesResponse:
+        records = self._m.list(dict(request.label_selector))
+        return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, self._node) for r in records])
+
+    async def GetNodeInfo(self, request: pb.GetNodeInfoRequest, context) -> pb.GetNodeInfoResponse:
+        info = await self._m.node_info()
+        return pb.GetNodeInfoResponse(
+            node_id=info.node_id,
+            version=info.version,
+            capacity=info.capacity,
+            running=info.running,
+            docker_healthy=info.docker_healthy,
+            docker_version=info.docker_version,
+            docker_error=info.docker_error,
+            cpus=info.cpus,
+            memory_bytes=info.memory_bytes,
+        )
+
+    async def ListImages(self, request: pb.ListImagesRequest, context) -> pb.ListImagesResponse:
+        rows = await self._m.list_images()
+        return pb.ListImagesResponse(
+            images=[
+                pb.Image(
+                    image_id=row.get("Id", ""),
+                    repo_tags=[t for t in row.get("RepoTags") or [] if t != "<none>:<none>"],
+                    size_bytes=int(row.get("Size", 0) or 0),
+                    create_time=_timestamp(float(row.get("Created", 0) or 0)),
+                )
+                for row in rows
+            ]
+        )
+
+    async def EnsureImages(
+        self, request: pb.EnsureImagesRequest, context
+    ) -> AsyncIterator[pb.EnsureImagesResponse]:
+        events = self._m.ensure_images(
+            list(request.images), request.mirror_prefix, request.concurrency or 4
+        )
+        async for event in events:
+            yield _image_event_to_pb(event)
+
+
+def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
+    if not event.final:
+        return pb.EnsureImagesResponse(
+            progress=pb.ImagePullProgress(
+                image=event.image,
+                status=event.status,
+                current_bytes=event.current_bytes,
+                total_bytes=event.total_bytes,
+            )
+        )
+    return pb.EnsureImagesResponse(
+        result=pb.ImagePullResult(
+            image=event.image,
+            status=_PULL_STATUS[event.status],
+            reason=event.reason,
+            message=event.message,
+            duration=_duration(event.duration_s),
+        )
+    )
+
+
+__all__ = ["SandboxServicer", "grpc"]

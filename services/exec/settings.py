@@ -1,0 +1,37 @@
+"""Settings of the exec node (`swerl exec serve`), from SWERL_EXEC_* env vars and CLI flags."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from swerl.chassis.settings import ServiceSettings
+
+
+class ExecSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SWERL_EXEC_", extra="ignore")
+
+    port: int = 5000
+    node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node")
+    max_sandboxes: int = Field(64, description="sandboxes this node hosts at once")
+    state_dir: Path = Field(Path("/var/lib/swerl/exec"), description="durable store directory")
+    default_ttl_s: float = Field(3600.0, description="sandbox lifetime when a request has none")
+    max_ttl_s: float = Field(24 * 3600.0, description="longest lifetime a request may ask for")
+    reap_interval_s: float = Field(5.0, description="how often expired sandboxes are reaped")
+    default_cpus: float = 2.0
+    default_memory_bytes: int = 4 << 30
+    default_pids: int = 1024
+    default_timeout_s: float = Field(180.0, description="command timeout when a request has none")
+    default_max_output_bytes: int = 1 << 20
+    max_output_bytes_limit: int = Field(64 << 20, description="largest output cap a request gets")
+    max_diff_bytes: int = 64 << 20
+    allow_bridge_network: bool = False
+    cap_add: list[str] = Field(
+        default_factory=lambda: ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"],
+        description="capabilities kept after dropping all (what root in a test suite needs)",
+    )
+    docker_health_interval_s: float = 2.0
+    docker_threads: int = 32
