@@ -11,12 +11,40 @@ from typing import ClassVar
 
 ERROR_DOMAIN = "swerl.dev"
 
+# Names of the grpc.StatusCode members a domain error may map to (OK is not an error).
+STATUS_CODE_NAMES = frozenset(
+    {
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    }
+)
+
 
 class SwerlError(Exception):
     """Base of all domain errors. Subclasses set `code` and `reason`; instances add a message."""
 
     code: ClassVar[str] = "INTERNAL"
     reason: ClassVar[str] = "INTERNAL"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # A typo in `code` would otherwise only surface when the boundary maps the error.
+        if cls.code not in STATUS_CODE_NAMES:
+            raise TypeError(f"{cls.__name__}.code={cls.code!r} is not a grpc.StatusCode name")
 
     def __init__(self, message: str, **metadata: object) -> None:
         super().__init__(message)
@@ -33,6 +61,18 @@ class InvalidArgument(SwerlError):
 class Unauthenticated(SwerlError):
     code = "UNAUTHENTICATED"
     reason = "UNAUTHENTICATED"
+
+
+class MissingToken(Unauthenticated):
+    """The call carried no `authorization: Bearer <token>` metadata."""
+
+    reason = "MISSING_TOKEN"
+
+
+class InvalidToken(Unauthenticated):
+    """The bearer token is malformed or not the server's token."""
+
+    reason = "INVALID_TOKEN"
 
 
 class PermissionDenied(SwerlError):

@@ -7,7 +7,6 @@ node speaks in plain Python values and swerl errors rather than docker exception
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ class ContainerSpec:
     pids: int
     network: str  # "none" | "bridge"
     cap_add: tuple[str, ...]
+    # host path -> container path, read-write (the sandbox's I/O directory).
+    binds: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,16 +45,6 @@ class ContainerInfo:
     labels: dict[str, str]
     running: bool
     status: str
-
-
-@dataclass
-class HijackedExec:
-    """A `docker exec` whose stdin/stdout/stderr is a raw socket (Docker's multiplexed framing)."""
-
-    exec_id: str
-    sock: socket.socket
-    # The SDK's socket wrapper; kept referenced so the socket is not closed under us.
-    keepalive: Any
 
 
 class DockerBackend:
@@ -132,6 +123,7 @@ class DockerBackend:
             mem_limit=spec.memory_bytes,
             memswap_limit=spec.memory_bytes,
             nano_cpus=int(spec.cpus * 1e9),
+            binds=[f"{host}:{inside}:rw" for host, inside in spec.binds],
         )
         try:
             created = await self._call(
@@ -143,6 +135,7 @@ class DockerBackend:
                 working_dir=spec.workdir or None,
                 environment=spec.env,
                 host_config=host_config,
+                volumes=[inside for _, inside in spec.binds],
                 detach=True,
             )
         except docker.errors.ImageNotFound as exc:
@@ -194,14 +187,15 @@ class DockerBackend:
         return bool(data.get("State", {}).get("Running"))
 
     # -- exec -----------------------------------------------------------------------------
-    async def exec_hijacked(self, container_id: str, argv: list[str]) -> HijackedExec:
-        def start() -> HijackedExec:
+    async def exec_detached(self, container_id: str, argv: list[str]) -> str:
+        """Starts a process in the container without attaching to it; returns the exec id."""
+
+        def start() -> str:
             created = self._api.exec_create(
-                container_id, argv, stdin=True, stdout=True, stderr=True, tty=False
+                container_id, argv, stdin=False, stdout=False, stderr=False
             )
-            wrapper = self._api.exec_start(created["Id"], socket=True)
-            raw = getattr(wrapper, "_sock", wrapper)
-            return HijackedExec(exec_id=created["Id"], sock=raw, keepalive=wrapper)
+            self._api.exec_start(created["Id"], detach=True)
+            return str(created["Id"])
 
         return await self._call(start)
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker.errors
 import structlog
@@ -35,7 +37,14 @@ from swerl.exec.errors import (
     UnknownBaseRef,
 )
 from swerl.exec.settings import ExecSettings
-from swerl.exec.shell import CommandRun, CommandSpec, SandboxShell, bash_quote
+from swerl.exec.shell import (
+    CONTAINER_IO_DIR,
+    CommandRun,
+    CommandSpec,
+    SandboxShell,
+    bash_quote,
+    ensure_io_dir,
+)
 from swerl.exec.store import NodeStore, StoredSandbox
 
 log = structlog.get_logger(__name__)
@@ -220,6 +229,11 @@ class SandboxManager:
             adopted += 1
         for sandbox_id in stored.keys() - seen:
             self.store.delete(sandbox_id)
+        io_root = self.settings.state_dir / "io"
+        if io_root.is_dir():
+            for stale in io_root.iterdir():
+                if stale.name not in seen:
+                    shutil.rmtree(stale, ignore_errors=True)
         log.info("exec.reconciled", adopted=adopted, removed=removed)
 
     def _record_from_labels(
@@ -246,8 +260,13 @@ class SandboxManager:
             ),
             network=labels.get(L + "network", "none"),
             request_id=labels.get(L + "request_id", ""),
-            shell=SandboxShell(self.backend, container_id, env),
+            shell=SandboxShell(
+                self.backend, container_id, self.io_dir(labels[L + "sandbox_id"]), env
+            ),
         )
+
+    def io_dir(self, sandbox_id: str) -> Path:
+        return self.settings.state_dir / "io" / sandbox_id
 
     # -- queries --------------------------------------------------------------------------
     @property
@@ -383,6 +402,7 @@ class SandboxManager:
                     pids=resources.pids,
                     network=spec.network,
                     cap_add=tuple(s.cap_add),
+                    binds=((str(ensure_io_dir(self.io_dir(sandbox_id))), CONTAINER_IO_DIR),),
                 )
             )
             record = self._record_from_labels(container_id, labels, expire)
@@ -421,6 +441,7 @@ class SandboxManager:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters re-raise it, nobody else must log it
             raise
+        shutil.rmtree(self.io_dir(sandbox_id), ignore_errors=True)
         self._records.pop(sandbox_id, None)
         if record.request_id:
             self._by_request.pop(record.request_id, None)
@@ -439,7 +460,9 @@ class SandboxManager:
                         await self.destroy(record.sandbox_id)
                         log.info("sandbox.reaped", sandbox_id=record.sandbox_id)
                     except Exception as exc:  # retried next round
-                        log.warning("sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc))
+                        log.warning(
+                            "sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc)
+                        )
 
     async def _docker_health_loop(self) -> None:
         while True:
@@ -473,6 +496,7 @@ class SandboxManager:
                 ),
                 session=spec.session,
                 open_stdin=spec.open_stdin,
+                notify_started=spec.notify_started,
             )
         )
 
@@ -505,7 +529,6 @@ printf '\\0'
             script,
             timeout_s=120.0,
             max_output_bytes=self.settings.max_diff_bytes,
-            cwd="",
         )
         if code == 90 or code == 91:
             raise NotAGitRepository(f"{repo!r} is not a git work tree in sandbox {sandbox_id}")
@@ -557,7 +580,11 @@ printf '\\0'
 
         def result(status: str, reason: str = "", message: str = "") -> ImageEvent:
             return ImageEvent(
-                image, True, status, reason=reason, message=message,
+                image,
+                True,
+                status,
+                reason=reason,
+                message=message,
                 duration_s=time.monotonic() - started,
             )
 
@@ -577,8 +604,11 @@ printf '\\0'
                     raise docker.errors.APIError(str(row.get("error")))
                 detail = row.get("progressDetail") or {}
                 event = ImageEvent(
-                    image, False, str(row.get("status", "")),
-                    int(detail.get("current", 0) or 0), int(detail.get("total", 0) or 0),
+                    image,
+                    False,
+                    str(row.get("status", "")),
+                    int(detail.get("current", 0) or 0),
+                    int(detail.get("total", 0) or 0),
                 )
                 loop.call_soon_threadsafe(queue.put_nowait, event)
 
@@ -590,8 +620,17 @@ printf '\\0'
         except docker.errors.DockerException as exc:
             text = str(exc)
             lowered = text.lower()
-            if any(s in lowered for s in ("dial tcp", "no such host", "connection refused",
-                                           "i/o timeout", "tls handshake", "network is unreachable")):
+            if any(
+                s in lowered
+                for s in (
+                    "dial tcp",
+                    "no such host",
+                    "connection refused",
+                    "i/o timeout",
+                    "tls handshake",
+                    "network is unreachable",
+                )
+            ):
                 reason = "REGISTRY_UNREACHABLE"
             elif any(s in lowered for s in ("not found", "manifest unknown", "pull access denied")):
                 reason = "IMAGE_NOT_FOUND"

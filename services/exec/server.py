@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from swerl.chassis.server import GrpcServer
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.sandboxes import SandboxManager
@@ -33,7 +35,8 @@ class ExecNode:
         self.port = 0
 
     def _docker_health_changed(self, healthy: bool) -> None:
-        self.server.set_serving(healthy)
+        # Unhealthy Docker makes the node NOT_SERVING, so the pool stops placing work here.
+        self._health_task = asyncio.get_running_loop().create_task(self.server.set_serving(healthy))
 
     async def start(self) -> int:
         await self.manager.start()

@@ -75,7 +75,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def _node(self) -> str:
         return self._m.settings.node_id
 
-    async def CreateSandbox(self, request: pb.CreateSandboxRequest, context) -> pb.CreateSandboxResponse:
+    async def CreateSandbox(
+        self, request: pb.CreateSandboxRequest, context
+    ) -> pb.CreateSandboxResponse:
         res = request.resources
         record = await self._m.create(
             CreateSpec(
@@ -95,7 +97,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.CreateSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
     async def GetSandbox(self, request: pb.GetSandboxRequest, context) -> pb.GetSandboxResponse:
-        return pb.GetSandboxResponse(sandbox=sandbox_to_pb(self._m.get(request.sandbox_id), self._node))
+        return pb.GetSandboxResponse(
+            sandbox=sandbox_to_pb(self._m.get(request.sandbox_id), self._node)
+        )
 
     async def Exec(
         self, request_iterator: AsyncIterator[pb.ExecRequest], context
@@ -116,6 +120,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 max_output_bytes=start.max_output_bytes,
                 session=start.mode == pb.EXEC_MODE_SESSION,
                 open_stdin=start.open_stdin,
+                notify_started=start.notify_started,
             ),
         )
         inputs = asyncio.get_running_loop().create_task(
@@ -125,7 +130,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         try:
             async for event in run.events():
                 if isinstance(event, Output):
-                    yield pb.ExecResponse(output=pb.ExecOutput(stream=event.stream, data=event.data))
+                    yield pb.ExecResponse(
+                        output=pb.ExecOutput(stream=event.stream, data=event.data)
+                    )
                 elif isinstance(event, Started):
                     yield pb.ExecResponse(started=pb.ExecStarted(pgid=event.pgid))
                 elif isinstance(event, Exit):
@@ -154,7 +161,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             if kind == "signal":
                 signal = _SIGNALS.get(message.signal.signal)
                 if signal is not None:
-                    run.request_kill(signal)
+                    run.request_signal(signal)
             elif kind == "stdin":
                 if not open_stdin:
                     raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
@@ -168,7 +175,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             patch=result.patch, files=result.files, base_commit=result.base_commit
         )
 
-    async def RenewSandbox(self, request: pb.RenewSandboxRequest, context) -> pb.RenewSandboxResponse:
+    async def RenewSandbox(
+        self, request: pb.RenewSandboxRequest, context
+    ) -> pb.RenewSandboxResponse:
         record = await self._m.renew(request.sandbox_id, _seconds(request.ttl))
         return pb.RenewSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 

@@ -30,7 +30,15 @@ class ExecSettings(ServiceSettings):
     max_diff_bytes: int = 64 << 20
     allow_bridge_network: bool = False
     cap_add: list[str] = Field(
-        default_factory=lambda: ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"],
+        default_factory=lambda: [
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "FSETID",
+            "KILL",
+            "SETGID",
+            "SETUID",
+        ],
         description="capabilities kept after dropping all (what root in a test suite needs)",
     )
     docker_health_interval_s: float = 2.0

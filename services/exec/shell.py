@@ -1,46 +1,56 @@
 """Commands in a sandbox through one long-lived shell instead of one `docker exec` each.
 
-A `Supervisor` is a `bash --login -s` inside the container, reached through a single hijacked
-`docker exec` socket and fed `supervisor.sh`. Each command is one line of bash sent to it; its
-output comes back on the same socket, framed by NUL-delimited markers that carry a per-command
-nonce (see supervisor.sh). That makes a round trip about a millisecond instead of ~60 ms.
+Every sandbox has an I/O directory on the node, bind-mounted into the container at /.swerl-io.
+A `Supervisor` is a `bash --login -s` inside the container whose stdin, stdout and stderr are
+FIFOs in that directory, fed `supervisor.sh`. Each command is one line of bash written to it;
+its output comes back on the FIFOs directly (dockerd is not on the data path), framed on stdout by
+NUL-delimited markers carrying a per-supervisor token (see supervisor.sh). A round trip costs about
+a millisecond instead of the ~60 ms of a `docker exec`.
 
 `SandboxShell` owns the supervisor of one sandbox and runs one command at a time (callers queue
-on its lock, in arrival order). A `CommandRun` is one command: a driver task reads the socket and
-feeds a bounded queue that the caller consumes, so a caller that goes away (cancelled RPC) only
-flips the run into "abandoned": the driver kills the command's process group and keeps reading
-until the supervisor is back in step, or replaces the supervisor when it is not.
+on its lock, in arrival order). A `CommandRun` is one command: the FIFO readers feed it from
+event-loop callbacks into a queue the caller consumes (reading pauses while the caller lags), so
+a caller that goes away (cancelled RPC) only marks the run abandoned: the command's process group
+is killed and the supervisor is back in step for the next command, or replaced if it is not.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import itertools
+import os
 import re
 import secrets
-import struct
+import stat
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from swerl.exec.docker_backend import DockerBackend, HijackedExec
+from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.errors import InvalidCommand, ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT, OutputCap
 
 log = structlog.get_logger(__name__)
 
 SUPERVISOR_SCRIPT = (Path(__file__).with_name("supervisor.sh")).read_bytes()
+# Where a sandbox's I/O directory is mounted inside its container.
+CONTAINER_IO_DIR = "/.swerl-io"
 # Seconds the node waits past a command's own timeout before it kills from outside: the
 # in-container watchdog should always have fired first.
 BACKSTOP_GRACE_S = 5.0
 # After killing from outside, how long to wait for the supervisor to report before replacing it.
 RESYNC_S = 5.0
 READY_TIMEOUT_S = 60.0
+READ_CHUNK = 256 * 1024
+# Output events queued for a slow caller before the FIFOs stop being read (backpressure).
+PAUSE_AT, RESUME_AT = 64, 8
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SIGNALS = {"INT": 2, "TERM": 15, "KILL": 9}
+_generation = itertools.count(1)
 
 
 def bash_quote(value: str) -> bytes:
@@ -79,6 +89,7 @@ class CommandSpec:
     max_output_bytes: int = 1 << 20
     session: bool = False
     open_stdin: bool = False
+    notify_started: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,161 +117,309 @@ Event = Started | Output | Exit
 
 
 class MarkerScanner:
-    """Splits one output stream into data and `\\0SWERL:<nonce>:...\\0` markers."""
+    """Splits stdout into data and `\\0SWERL:<token>:...\\0` markers."""
 
-    def __init__(self, nonce: str) -> None:
-        self.prefix = b"\0SWERL:" + nonce.encode() + b":"
+    def __init__(self, token: str) -> None:
+        self.prefix = b"\0SWERL:" + token.encode() + b":"
         self._buf = b""
 
-    def feed(self, data: bytes) -> list[tuple[bytes | None, bytes]]:
-        """Returns (None, data) for output and (b"marker", body) for markers, in order."""
+    def feed(self, data: bytes) -> list[tuple[bool, bytes]]:
+        """(False, data) for output and (True, body) for markers, in order."""
         buf = self._buf + data if self._buf else data
-        out: list[tuple[bytes | None, bytes]] = []
+        out: list[tuple[bool, bytes]] = []
         start = 0
         while True:
             i = buf.find(self.prefix, start)
             if i < 0:
                 break
             end = buf.find(b"\0", i + len(self.prefix))
-            if end < 0:  # marker not complete yet
+            if end < 0:  # the marker is not complete yet
                 if i > start:
-                    out.append((None, buf[start:i]))
+                    out.append((False, buf[start:i]))
                 self._buf = buf[i:]
                 return out
             if i > start:
-                out.append((None, buf[start:i]))
-            out.append((b"marker", buf[i + len(self.prefix) : end]))
+                out.append((False, buf[start:i]))
+            out.append((True, buf[i + len(self.prefix) : end]))
             start = end + 1
-        # Hold back a tail that could be the beginning of a marker split across chunks.
+        # Hold back a tail that could be the beginning of a marker split across reads.
         keep = 0
         nul = buf.rfind(b"\0", max(start, len(buf) - len(self.prefix) + 1))
         if nul >= 0 and self.prefix.startswith(buf[nul:]):
             keep = len(buf) - nul
         if len(buf) - keep > start:
-            out.append((None, buf[start : len(buf) - keep]))
+            out.append((False, buf[start : len(buf) - keep]))
         self._buf = buf[len(buf) - keep :] if keep else b""
         return out
 
 
-class Supervisor:
-    """One `bash --login -s` in the container, fed supervisor.sh, on a hijacked exec socket."""
+def _mkfifo(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    os.mkfifo(path, 0o600)
 
-    def __init__(self, hijack: HijackedExec, reader: asyncio.StreamReader, writer) -> None:
-        self._hijack = hijack
-        self.reader = reader
-        self.writer = writer
+
+def _unblock_fifo(path: Path) -> None:
+    """Opens the other end of a FIFO so a thread blocked opening it returns."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
+
+
+class Supervisor:
+    """One `bash --login -s` in the container, fed supervisor.sh, on FIFOs of the I/O dir."""
+
+    def __init__(self, io_dir: Path, gen: int, fd_in: int, fd_out: int, fd_err: int) -> None:
+        self.io_dir = io_dir
+        self.gen = gen
+        self.fd_in, self.fd_out, self.fd_err = fd_in, fd_out, fd_err
         self.pid = 0
+        self.token = secrets.token_hex(12)
         self.dead = False
+        self.paused = False
+        # Where output goes: the running command's handler, or nowhere between commands.
+        self.sink: Callable[[int, bytes], None] | None = None
+        self.on_eof: Callable[[], None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[int] | None = None
+        self._early = b""
 
     @classmethod
     async def start(
-        cls, backend: DockerBackend, container_id: str, env: Mapping[str, str]
+        cls,
+        backend: DockerBackend,
+        container_id: str,
+        io_dir: Path,
+        env: Mapping[str, str],
     ) -> Supervisor:
-        hijack = await backend.exec_hijacked(container_id, ["bash", "--login", "-s"])
-        hijack.sock.setblocking(False)
-        reader, writer = await asyncio.open_connection(sock=hijack.sock, limit=1 << 20)
-        sup = cls(hijack, reader, writer)
-        boot = SUPERVISOR_SCRIPT + b"\n" + env_script(env).encode() + b"\n__swerl_ready\n"
-        writer.write(boot)
+        gen = next(_generation)
+        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", "ctl", "baton")}
+        for path in names.values():
+            _mkfifo(path)
+        flags = {"in": os.O_WRONLY, "out": os.O_RDONLY, "err": os.O_RDONLY}
+        opens = {
+            k: asyncio.ensure_future(asyncio.to_thread(os.open, names[k], f))
+            for k, f in flags.items()
+        }
+        inside = {k: f"{CONTAINER_IO_DIR}/{k}.{gen}" for k in names}
+        argv = [
+            "bash",
+            "-c",
+            'exec bash --login -s <"$0" >"$1" 2>"$2"',
+            inside["in"],
+            inside["out"],
+            inside["err"],
+        ]
+        sup: Supervisor | None = None
         try:
+            await backend.exec_detached(container_id, argv)
+            done, _ = await asyncio.wait(opens.values(), timeout=READY_TIMEOUT_S)
+            if len(done) != len(opens):
+                raise TimeoutError("the shell did not open its FIFOs")
+            fds = {k: t.result() for k, t in opens.items()}
+            sup = cls(io_dir, gen, fds["in"], fds["out"], fds["err"])
+            sup._attach()
+            boot = (
+                f"__swerl_io={CONTAINER_IO_DIR}; __swerl_ctl={inside['ctl']};"
+                f" __swerl_baton={inside['baton']}; __swerl_token={sup.token}\n".encode()
+                + SUPERVISOR_SCRIPT
+                + b"\n"
+                + env_script(env).encode()
+                + b"\n__swerl_start\n"
+            )
+            await sup.write(boot)
             await asyncio.wait_for(sup._await_ready(), READY_TIMEOUT_S)
-        except (TimeoutError, asyncio.TimeoutError, ConnectionError, EOFError) as exc:
-            sup.close()
+        except (TimeoutError, asyncio.TimeoutError, OSError, EOFError) as exc:
+            if sup is not None:
+                sup.close()
+            else:
+                for key, task in opens.items():
+                    if not task.done():
+                        _unblock_fifo(names[key])
+                for task in opens.values():
+                    with contextlib.suppress(BaseException):
+                        os.close(await task)
             raise ShellUnavailable(
-                f"the sandbox's shell did not start ({type(exc).__name__}); does the image"
-                " have bash?",
+                f"the sandbox's shell did not start ({type(exc).__name__}: {exc}); does the"
+                " image have bash?",
                 container_id=container_id[:12],
             ) from exc
+        finally:
+            # Both ends of the stdio FIFOs are open now (or never will be): unlink the names.
+            for key in ("in", "out", "err"):
+                with contextlib.suppress(OSError):
+                    names[key].unlink()
         return sup
 
+    def _attach(self) -> None:
+        for fd in (self.fd_in, self.fd_out, self.fd_err):
+            os.set_blocking(fd, False)
+        self._loop.add_reader(self.fd_out, self._readable, self.fd_out, STDOUT)
+        self._loop.add_reader(self.fd_err, self._readable, self.fd_err, STDERR)
+
     async def _await_ready(self) -> None:
-        # Anything the login profile prints before the ready markers is not a command's output.
-        seen: dict[int, bytes] = {STDOUT: b"", STDERR: b""}
-        ready = re.compile(rb"\0SWERL:ready:(\d+)\0")
-        found: set[int] = set()
-        while found != {STDOUT, STDERR}:
-            frame = await self.read_frame()
-            if frame is None:
-                raise EOFError("".join(v.decode(errors="replace") for v in seen.values())[-500:])
-            stream, data = frame
-            seen[stream] = (seen[stream] + data)[-4096:]
-            match = ready.search(seen[stream])
-            if match:
-                self.pid = int(match.group(1))
-                found.add(stream)
+        self._ready = self._loop.create_future()
+        self.pid = await self._ready
 
-    async def read_frame(self) -> tuple[int, bytes] | None:
-        """One frame of Docker's stream multiplexing; None at end of stream."""
+    def _readable(self, fd: int, stream: int) -> None:
         try:
-            header = await self.reader.readexactly(8)
-            (size,) = struct.unpack(">I", header[4:])
-            data = await self.reader.readexactly(size) if size else b""
-        except (asyncio.IncompleteReadError, ConnectionError):
-            self.dead = True
-            return None
-        return header[0], data
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            if stream == STDOUT:
+                self._eof()
+            else:
+                self._loop.remove_reader(fd)
+            return
+        if self._ready is not None and not self._ready.done():
+            # Anything the login profile prints before the ready marker is not command output.
+            if stream == STDOUT:
+                self._early = (self._early + data)[-4096:]
+                match = re.search(rb"\0SWERL:ready:(\d+)\0", self._early)
+                if match:
+                    self._ready.set_result(int(match.group(1)))
+            return
+        if self.sink is not None:
+            self.sink(stream, data)
 
-    def send(self, line: bytes) -> None:
-        self.writer.write(line)
+    def drain_stderr(self) -> None:
+        """Reads what the command left in the stderr FIFO (called once its E marker arrived)."""
+        while self.sink is not None:
+            try:
+                data = os.read(self.fd_err, READ_CHUNK)
+            except (BlockingIOError, OSError):
+                return
+            if not data:
+                return
+            self.sink(STDERR, data)
+
+    def _eof(self) -> None:
+        self.close()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(
+                EOFError("shell exited: " + self._early[-300:].decode(errors="replace"))
+            )
+        if self.on_eof is not None:
+            self.on_eof()
+
+    def pause(self) -> None:
+        if not self.paused and not self.dead:
+            self.paused = True
+            self._loop.remove_reader(self.fd_out)
+            self._loop.remove_reader(self.fd_err)
+
+    def resume(self) -> None:
+        if self.paused and not self.dead:
+            self.paused = False
+            self._loop.add_reader(self.fd_out, self._readable, self.fd_out, STDOUT)
+            self._loop.add_reader(self.fd_err, self._readable, self.fd_err, STDERR)
+
+    async def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.dead:
+                raise EOFError("shell is gone")
+            try:
+                written = os.write(self.fd_in, view)
+                view = view[written:]
+            except BlockingIOError:
+                ready = self._loop.create_future()
+                self._loop.add_writer(self.fd_in, ready.set_result, None)
+                try:
+                    await ready
+                finally:
+                    self._loop.remove_writer(self.fd_in)
+            except BrokenPipeError as exc:
+                self._eof()
+                raise EOFError("shell is gone") from exc
 
     def close(self) -> None:
+        if self.dead:
+            return
         self.dead = True
-        with contextlib.suppress(Exception):
-            self.writer.close()
+        for fd in (self.fd_out, self.fd_err):
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(fd)
+        for fd in (self.fd_in, self.fd_out, self.fd_err):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        for name in ("ctl", "baton"):
+            with contextlib.suppress(OSError):
+                (self.io_dir / f"{name}.{self.gen}").unlink()
 
 
 class SandboxShell:
     """The command runner of one sandbox: one supervisor, one command at a time."""
 
-    def __init__(self, backend: DockerBackend, container_id: str, env: Mapping[str, str]):
+    def __init__(
+        self, backend: DockerBackend, container_id: str, io_dir: Path, env: Mapping[str, str]
+    ) -> None:
         self._backend = backend
         self.container_id = container_id
+        self.io_dir = io_dir
         self._env = dict(env)
-        self._lock = asyncio.Lock()
-        self._supervisor: Supervisor | None = None
-        self._runs: set[asyncio.Task[None]] = set()
+        self.lock = asyncio.Lock()
+        self.supervisor: Supervisor | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
 
-    async def _ensure_supervisor(self) -> Supervisor:
-        sup = self._supervisor
+    async def ensure_supervisor(self) -> Supervisor:
+        sup = self.supervisor
         if sup is None or sup.dead:
             if sup is not None:
                 log.info("shell.restart", container_id=self.container_id[:12])
-            sup = await Supervisor.start(self._backend, self.container_id, self._env)
-            self._supervisor = sup
+            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+            self.supervisor = sup
         return sup
+
+    def spawn(self, coro) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def start(self, spec: CommandSpec) -> CommandRun:
         if not spec.command.strip():
             raise InvalidCommand("empty command")
         run = CommandRun(self, spec)
-        task = asyncio.get_running_loop().create_task(run.drive())
-        self._runs.add(task)
-        task.add_done_callback(self._runs.discard)
+        self.spawn(run.drive())
         return run
 
     async def run_capture(
-        self, command: str, *, timeout_s: float, max_output_bytes: int, cwd: str = ""
+        self, command: str, *, timeout_s: float, max_output_bytes: int
     ) -> tuple[int, bytes, bytes, bool]:
         """Runs a command to completion: (exit_code, stdout, stderr, truncated)."""
         run = self.start(
-            CommandSpec(command, cwd=cwd, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+            CommandSpec(command, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
         )
         out = {STDOUT: bytearray(), STDERR: bytearray()}
-        exit_event: Exit | None = None
-        async with contextlib.aclosing(run.events()) as events:
-            async for event in events:
+        finished = False
+        try:
+            async for event in run.events():
                 if isinstance(event, Output):
                     out[event.stream] += event.data
                 elif isinstance(event, Exit):
-                    exit_event = event
-        assert exit_event is not None
-        return (
-            exit_event.exit_code,
-            bytes(out[STDOUT]),
-            bytes(out[STDERR]),
-            exit_event.output_truncated,
-        )
+                    finished = True
+                    return (
+                        event.exit_code,
+                        bytes(out[STDOUT]),
+                        bytes(out[STDERR]),
+                        event.output_truncated,
+                    )
+        finally:
+            if not finished:
+                run.abandon()
+        raise ShellUnavailable("command ended without an exit status")
+
+    def current_pgid(self, nonce: str) -> int:
+        """The process group of the command with this nonce, once it has been forked."""
+        with contextlib.suppress(OSError, ValueError):
+            seen, pgid = (self.io_dir / "pgid").read_text().split()
+            if seen == nonce:
+                return int(pgid)
+        return 0
 
     async def kill_group(self, pgid: int, signal: str = "KILL") -> None:
         """Signals a command's process group from a side `docker exec` (~60 ms, rare)."""
@@ -277,44 +436,46 @@ class SandboxShell:
                     self.container_id, ["bash", "-c", f"kill -KILL {int(sup.pid)}"]
                 )
 
-    async def open_stdin_writer(self, path: str) -> HijackedExec:
-        return await self._backend.exec_hijacked(
-            self.container_id, ["bash", "-c", 'exec cat >"$0"', path]
-        )
-
     async def close(self) -> None:
         self.closed = True
-        for task in list(self._runs):
+        for task in list(self._tasks):
             task.cancel()
-        if self._supervisor is not None:
-            self._supervisor.close()
+        if self.supervisor is not None:
+            self.supervisor.close()
 
 
 _DONE = object()
 
 
 class CommandRun:
-    """One command: `events()` yields Started, Output..., then exactly one Exit."""
+    """One command: `events()` yields [Started], Output..., then exactly one Exit."""
 
     def __init__(self, shell: SandboxShell, spec: CommandSpec) -> None:
         self._shell = shell
         self.spec = spec
         self.nonce = secrets.token_hex(8)
-        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=64)
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._sup: Supervisor | None = None
         self._abandoned = False
-        self._kill_requested: str | None = None
         self._signaled = False
-        self.pgid = 0
-        self._pgid_known = asyncio.Event()
-        self._stdin_path = f"/tmp/.swerl/in.{self.nonce}" if spec.open_stdin else ""
-        self._stdin: tuple[HijackedExec, asyncio.StreamWriter] | None = None
-        self._stdin_ready = asyncio.Event()
+        self._timed_out = False
+        self._backstop_fired = False
+        self._exit_code: int | None = None
+        self._scanner: MarkerScanner | None = None
+        self._cap = OutputCap(max(spec.max_output_bytes, 2))
+        self._done = asyncio.get_running_loop().create_future()
         self._finished = asyncio.Event()
+        self._stdin_fifo = shell.io_dir / f"stdin.{self.nonce}" if spec.open_stdin else None
+        self._stdin_fd: int | None = None
+        self._stdin_ready = asyncio.Event()
 
     # -- consumer side --------------------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
         while True:
             item = await self._queue.get()
+            sup = self._sup
+            if sup is not None and sup.paused and self._queue.qsize() <= RESUME_AT:
+                sup.resume()
             if item is _DONE:
                 return
             if isinstance(item, BaseException):
@@ -325,57 +486,101 @@ class CommandRun:
 
     def abandon(self) -> None:
         """The caller is gone: kill the command; the driver re-synchronises on its own."""
-        if self._finished.is_set():
+        if self._finished.is_set() or self._abandoned:
             return
         self._abandoned = True
         while not self._queue.empty():
             self._queue.get_nowait()
-        self.request_kill("KILL", from_client=False)
-        asyncio.get_running_loop().create_task(self._replace_if_stuck())
+        if self._sup is not None:
+            self._sup.resume()
+        self._shell.spawn(self._kill("KILL"))
+        self._shell.spawn(self._replace_if_stuck())
+
+    def request_signal(self, signal: str) -> None:
+        if self._finished.is_set():
+            return
+        self._signaled = True
+        self._shell.spawn(self._kill(signal))
+
+    async def _kill(self, signal: str) -> None:
+        # The command may not be forked yet: its pgid appears in the I/O dir within a moment.
+        deadline = time.monotonic() + 5.0
+        while not self._finished.is_set() and time.monotonic() < deadline:
+            pgid = self._shell.current_pgid(self.nonce)
+            if pgid:
+                await self._shell.kill_group(pgid, signal)
+                return
+            await asyncio.sleep(0.005)
 
     async def _replace_if_stuck(self) -> None:
-        # The kill should bring the end markers within milliseconds; if not, the supervisor is
+        # The kill should bring the end marker within milliseconds; if not, the supervisor is
         # wedged and the next command must get a fresh one.
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(self._finished.wait(), RESYNC_S)
             return
-        sup = self._shell._supervisor
-        if sup is not None:
-            await self._shell.kill_supervisor(sup)
-
-    def request_kill(self, signal: str, *, from_client: bool = True) -> None:
-        if self._finished.is_set():
-            return
-        if from_client:
-            self._signaled = True
-        self._kill_requested = signal
-        asyncio.get_running_loop().create_task(self._deliver_signal(signal))
-
-    async def _deliver_signal(self, signal: str) -> None:
-        await self._pgid_known.wait()
-        if not self._finished.is_set():
-            await self._shell.kill_group(self.pgid, signal)
+        if self._sup is not None:
+            await self._shell.kill_supervisor(self._sup)
 
     async def write_stdin(self, data: bytes, close: bool) -> None:
         await self._stdin_ready.wait()
-        if self._stdin is None:
+        fd = self._stdin_fd
+        if fd is None:
             return
-        writer = self._stdin[1]
-        if data:
-            writer.write(data)
-            await writer.drain()
-        if close and writer.can_write_eof():
-            writer.write_eof()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[await asyncio.to_thread(os.write, fd, view) :]
+            except OSError:  # the command closed its stdin or ended
+                return
+        if close:
+            self._close_stdin()
 
-    # -- driver side ----------------------------------------------------------------------
-    async def _emit(self, event: object) -> None:
-        if not self._abandoned:
-            await self._queue.put(event)
+    def _close_stdin(self) -> None:
+        if self._stdin_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._stdin_fd)
+            self._stdin_fd = None
 
+    # -- reader callbacks -----------------------------------------------------------------
+    def _put(self, item: object) -> None:
+        if self._abandoned:
+            return
+        self._queue.put_nowait(item)
+        if self._queue.qsize() >= PAUSE_AT and self._sup is not None:
+            self._sup.pause()
+
+    def _on_data(self, stream: int, data: bytes) -> None:
+        if stream == STDERR:
+            self._emit_output(STDERR, data)
+            return
+        assert self._scanner is not None
+        for is_marker, payload in self._scanner.feed(data):
+            if not is_marker:
+                self._emit_output(STDOUT, payload)
+            elif payload.startswith(b"E:"):
+                self._exit_code = int(payload[2:])
+                if self._sup is not None:
+                    self._sup.drain_stderr()
+                if not self._done.done():
+                    self._done.set_result(None)
+            elif payload == b"T":
+                self._timed_out = True
+            elif payload.startswith(b"S:"):
+                self._put(Started(int(payload[2:])))
+
+    def _emit_output(self, stream: int, data: bytes) -> None:
+        for out_stream, chunk in self._cap.feed(stream, data):
+            self._put(Output(out_stream, chunk))
+
+    def _on_eof(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    # -- driver ---------------------------------------------------------------------------
     async def drive(self) -> None:
         try:
-            async with self._shell._lock:
-                await self._drive_locked()
+            async with self._shell.lock:
+                await self._run_locked()
         except BaseException as exc:  # surfaced to the consumer, never lost
             if not self._abandoned:
                 self._queue.put_nowait(exc if isinstance(exc, Exception) else _DONE)
@@ -383,104 +588,102 @@ class CommandRun:
                 raise
         finally:
             self._finished.set()
-            self._pgid_known.set()
             self._stdin_ready.set()
-            if self._stdin is not None:
-                with contextlib.suppress(Exception):
-                    self._stdin[1].close()
+            self._close_stdin()
+            if self._stdin_fifo is not None:
+                with contextlib.suppress(OSError):
+                    self._stdin_fifo.unlink()
 
-    async def _drive_locked(self) -> None:
+    async def _run_locked(self) -> None:
         shell, spec = self._shell, self.spec
-        sup = await shell._ensure_supervisor()
+        sup = await shell.ensure_supervisor()
+        self._sup = sup
+        self._scanner = MarkerScanner(sup.token)
         loop = asyncio.get_running_loop()
+        stdin_path = ""
+        if self._stdin_fifo is not None:
+            _mkfifo(self._stdin_fifo)
+            stdin_path = f"{CONTAINER_IO_DIR}/{self._stdin_fifo.name}"
         line = b" ".join(
             [
-                b"__swerl_run",
                 self.nonce.encode(),
                 f"{max(spec.timeout_s, 0.001):.3f}".encode(),
                 b"s" if spec.session else b"i",
+                b"1" if spec.notify_started or spec.open_stdin else b"0",
                 bash_quote(spec.cwd),
-                bash_quote(self._stdin_path),
+                bash_quote(stdin_path),
                 bash_quote(env_script(spec.env)),
                 bash_quote(spec.command),
             ]
         )
+        sup.sink, sup.on_eof = self._on_data, self._on_eof
         started_at = time.monotonic()
-        sup.send(line + b"\n")
-        scanners = {STDOUT: MarkerScanner(self.nonce), STDERR: MarkerScanner(self.nonce)}
-        cap = OutputCap(max(spec.max_output_bytes, 2))
-        ends: dict[int, int] = {}
-        timed_out = False
         backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop, sup)
         try:
-            while len(ends) < 2:
-                frame = await sup.read_frame()
-                if frame is None:
-                    break
-                stream, data = frame
-                if stream not in scanners:
-                    continue
-                for kind, payload in scanners[stream].feed(data):
-                    if kind is None:
-                        for out_stream, chunk in cap.feed(stream, payload):
-                            await self._emit(Output(out_stream, chunk))
-                    elif payload.startswith(b"S:"):
-                        self.pgid = int(payload[2:])
-                        self._pgid_known.set()
-                        if self._stdin_path:
-                            await self._connect_stdin()
-                        await self._emit(Started(self.pgid))
-                    elif payload == b"T":
-                        timed_out = True
-                    elif payload.startswith(b"E:"):
-                        ends[stream] = int(payload[2:])
+            if self._stdin_fifo is not None:
+                opening = asyncio.ensure_future(
+                    asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
+                )
+            await sup.write(line + b"\n")
+            if self._stdin_fifo is not None:
+                await self._await_stdin(opening)
+            await self._done
+        except EOFError:
+            pass
         finally:
             backstop.cancel()
+            sup.sink = sup.on_eof = None
         duration = time.monotonic() - started_at
-        if len(ends) < 2:
-            # The supervisor died under the command (e.g. `kill -9 $$`) or was replaced by the
-            # backstop; its process group may still be alive.
+        exit_code = self._exit_code
+        if exit_code is None:
+            # The supervisor died under the command (e.g. `kill -9 $$`) or the backstop replaced
+            # it; the command's process group may still be alive.
             sup.close()
-            if self.pgid:
-                await shell.kill_group(self.pgid)
+            pgid = shell.current_pgid(self.nonce)
+            if pgid:
+                await shell.kill_group(pgid)
             exit_code = 137
-            timed_out = timed_out or self._backstop_fired
-        else:
-            exit_code = ends.get(STDOUT, ends.get(STDERR, 0))
-        for out_stream, chunk in cap.finish():
-            await self._emit(Output(out_stream, chunk))
-        await self._emit(
+            self._timed_out = self._timed_out or self._backstop_fired
+        for out_stream, chunk in self._cap.finish():
+            self._put(Output(out_stream, chunk))
+        self._put(
             Exit(
                 exit_code=exit_code,
-                timed_out=timed_out,
-                output_truncated=cap.truncated,
-                bytes_dropped=cap.dropped,
+                timed_out=self._timed_out,
+                output_truncated=self._cap.truncated,
+                bytes_dropped=self._cap.dropped,
                 duration_s=duration,
-                signaled=self._signaled and not timed_out,
+                signaled=self._signaled and not self._timed_out,
             )
         )
 
-    _backstop_fired = False
+    async def _await_stdin(self, opening: asyncio.Future[int]) -> None:
+        done, _ = await asyncio.wait({opening, self._done}, return_when=asyncio.FIRST_COMPLETED)
+        if opening in done:
+            self._stdin_fd = opening.result()
+        else:  # the command ended without opening its stdin
+            _unblock_fifo(self._stdin_fifo)  # type: ignore[arg-type]
+            with contextlib.suppress(BaseException):
+                os.close(await opening)
+        self._stdin_ready.set()
 
     def _backstop(self, sup: Supervisor) -> None:
         """The in-container watchdog did not end the command: kill from outside, then reset."""
         self._backstop_fired = True
-        log.warning("exec.backstop", container_id=self._shell.container_id[:12], pgid=self.pgid)
+        log.warning("exec.backstop", container_id=self._shell.container_id[:12])
 
         async def escalate() -> None:
-            if self.pgid:
-                await self._shell.kill_group(self.pgid)
+            await self._kill("KILL")
             await asyncio.sleep(RESYNC_S)
             if not self._finished.is_set():
                 await self._shell.kill_supervisor(sup)
+                self._on_eof()
 
-        asyncio.get_running_loop().create_task(escalate())
+        self._shell.spawn(escalate())
 
-    async def _connect_stdin(self) -> None:
-        try:
-            hijack = await self._shell.open_stdin_writer(self._stdin_path)
-            hijack.sock.setblocking(False)
-            _, writer = await asyncio.open_connection(sock=hijack.sock)
-            self._stdin = (hijack, writer)
-        finally:
-            self._stdin_ready.set()
+
+def ensure_io_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not stat.S_ISDIR(path.stat().st_mode):
+        raise OSError(errno.ENOTDIR, f"{path} is not a directory")
+    return path

@@ -1,30 +1,40 @@
-# swerl in-container supervisor. The exec node starts `bash --login -s` inside the sandbox
-# (through one long-lived `docker exec`), so the image's profile and ~/.bashrc run as for
-# `bash -lc`, then feeds it this file and one `__swerl_run ...` line per command.
+# swerl in-container supervisor.
 #
-# The supervisor never runs a command in its own context: each command runs in a job-control
-# subshell (its own process group, ~1 ms) that starts from the supervisor's clean state. One
-# watchdog job per supervisor enforces timeouts inside the container (no fork per command): the
-# supervisor arms it with the command's process group and deadline and disarms it afterwards. Framing
-# goes over the same stdout/stderr the command writes to, as NUL-delimited markers carrying a
-# per-command nonce chosen by the node:
-#   stderr  \0SWERL:<nonce>:S:<pgid>\0   command started (process group id)
-#   stderr  \0SWERL:<nonce>:T\0          the in-container timeout fired, group was killed
-#   stdout  \0SWERL:<nonce>:E:<rc>\0     command finished (after every survivor was killed)
-#   stderr  \0SWERL:<nonce>:E:<rc>\0
-# The node strips the markers; everything else is the command's own output, byte for byte.
+# The exec node bind-mounts a per-sandbox I/O directory (FIFOs it created) at /.swerl-io and
+# starts `bash --login -s` with stdin/stdout/stderr on those FIFOs, so the image's profile and
+# ~/.bashrc run as for `bash -lc`. It then feeds this file, and after it one line per command.
+# Commands and output go through the FIFOs directly, not through dockerd, which is what makes a
+# round trip about a millisecond.
+#
+# The supervisor never runs a command in its own context. It keeps a *worker* forked ahead of
+# time: a job-control subshell (its own process group) holding the supervisor's clean state,
+# blocked reading the next command line from the shared stdin. So the fork (the dominant cost,
+# ~0.5 ms) happens while the previous command runs instead of on the critical path. The worker
+# arms the watchdog, runs the command, and exits; the supervisor then kills whatever is left of
+# the worker's process group, reports, and forks another worker. One watchdog job per supervisor
+# enforces timeouts inside the container without a fork per command.
+#
+# Framing: NUL-delimited markers on stdout carrying a per-supervisor token chosen by the node
+# (commands never see it; they run strictly one after another):
+#   \0SWERL:<token>:S:<pgid>\0   the command started (only when the node asked for it)
+#   \0SWERL:<token>:T\0          the in-container timeout fired and killed the process group
+#   \0SWERL:<token>:E:<rc>\0     the command finished and every survivor of its group is dead
+# stderr carries no markers: when E arrives, everything the command wrote to stderr is already
+# in the stderr FIFO, so the node drains it. "<nonce> <pgid>" of the running command is written
+# to $__swerl_io/pgid for signals. Everything else is the command's own output, byte for byte.
+#
+# Variables set by the node before this file: __swerl_io (the I/O directory in the container),
+# __swerl_ctl and __swerl_baton (FIFOs in it for the watchdog and the workers' turn to read) and
+# __swerl_token.
 
 set +o history +o errexit +o nounset +o pipefail 2>/dev/null
 __swerl_dir=/tmp/.swerl
-mkdir -p "$__swerl_dir" 2>/dev/null
+command mkdir -p "$__swerl_dir" 2>/dev/null
 __swerl_session="$__swerl_dir/session.sh"
-__swerl_ctl="$__swerl_dir/watchdog.$$"
-rm -f "$__swerl_ctl"
-mkfifo "$__swerl_ctl" || { printf '\0SWERL:fatal:mkfifo\0' >&2; exit 97; }
 
 # The watchdog reads "arm NONCE PGID SECONDS" / "disarm" lines. While armed, a read that times
 # out means the command overran: it leaves a flag file for the supervisor, then kills the whole
-# process group. It holds none of the supervisor's output pipes (so a dead supervisor's stream
+# process group. It holds none of the supervisor's output FIFOs (so a dead supervisor's output
 # ends at once), and exits when the supervisor is gone.
 __swerl_watchdog() {
   local verb n pgid t boss=$$
@@ -36,7 +46,7 @@ __swerl_watchdog() {
     fi
     [ "$verb" = arm ] || continue
     if ! read -r -t "$t" verb <&8; then
-      : >"$__swerl_dir/timeout.$n"
+      : >"$__swerl_io/timeout"
       kill -KILL -- "-$pgid" 2>/dev/null
       read -r verb <&8
     fi
@@ -63,47 +73,66 @@ __swerl_save_session() {
   command mv -f "$__swerl_session.tmp" "$__swerl_session"
 }
 
-# __swerl_run NONCE TIMEOUT_S MODE(i|s) CWD STDIN_PATH ENV_SCRIPT COMMAND
-__swerl_run() {
-  local __n=$1 __t=$2 __m=$3 __cwd=$4 __in=${5:-/dev/null} __envs=$6 __cmd=$7 __pid __rc
-  # An open stdin is a FIFO the node feeds through a second, short-lived docker exec.
-  [ -n "$5" ] && { rm -f "$5"; mkfifo -m 600 "$5"; }
-  (
-    set +m
-    trap - INT TERM QUIT HUP
-    set --
-    exec 8>&- 9>&-
-    if [ "$__m" = s ]; then
-      [ -f "$__swerl_session" ] && builtin source "$__swerl_session" >/dev/null 2>&1
-      trap __swerl_save_session EXIT
-    fi
-    if [ -n "$__cwd" ]; then builtin cd -- "$__cwd" || exit 1; fi
-    eval "$__envs"
-    unset __n __t __m __cwd __in __envs __pid __rc
-    eval "$__cmd"
-  ) <"$__in" &
-  __pid=$!
-  printf 'arm %s %d %s\n' "$__n" "$__pid" "$__t" >&9
-  printf '\0SWERL:%s:S:%d\0' "$__n" "$__pid" >&2
-  wait "$__pid" 2>/dev/null
-  __rc=$?
-  printf 'disarm\n' >&9
-  kill -KILL -- "-$__pid" 2>/dev/null
-  if [ -e "$__swerl_dir/timeout.$__n" ]; then
-    rm -f "$__swerl_dir/timeout.$__n"
-    printf '\0SWERL:%s:T\0' "$__n" >&2
+# A command line is: NONCE TIMEOUT_S MODE(i|s) NOTIFY(0|1) CWD STDIN_PATH ENV_SCRIPT COMMAND,
+# each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's process group.
+__swerl_command() {
+  local __n=$1 __t=$2 __m=$3 __no=$4 __cwd=$5 __in=${6:-/dev/null} __envs=$7 __cmd=$8
+  printf 'arm %s %d %s\n' "$__n" "$BASHPID" "$__t" >&9
+  printf '%s %d\n' "$__n" "$BASHPID" >"$__swerl_io/pgid"
+  exec 9>&- <"$__in"
+  [ "$__no" = 1 ] && printf '\0SWERL:%s:S:%d\0' "$__swerl_token" "$BASHPID"
+  set +m
+  trap - INT TERM QUIT HUP
+  set --
+  if [ "$__m" = s ]; then
+    [ -f "$__swerl_session" ] && builtin source "$__swerl_session" >/dev/null 2>&1
+    trap __swerl_save_session EXIT
   fi
-  [ -n "$5" ] && rm -f "$5"
-  printf '\0SWERL:%s:E:%d\0' "$__n" "$__rc"
-  printf '\0SWERL:%s:E:%d\0' "$__n" "$__rc" >&2
+  if [ -n "$__cwd" ]; then builtin cd -- "$__cwd" || exit 1; fi
+  eval "$__envs"
+  unset __n __t __m __no __cwd __in __envs __swerl_token
+  eval "$__cmd"
 }
 
-# Called by the node after it has exported the sandbox's environment.
-__swerl_ready() {
+__swerl_worker() {
+  local __line __baton
+  # Only the worker holding the baton reads stdin, so two idle workers never split a line.
+  read -r -u 7 __baton
+  # End of input means the node is gone: take the supervisor down with us.
+  IFS= read -r __line || { kill -KILL "$$"; exit 0; }
+  printf 'x\n' >&7
+  exec 7>&-
+  eval "__swerl_command $__line"
+}
+
+# Two workers are alive at any time: the one running (or about to take) the current command and
+# the next one, already forked and queued for the baton. Idle workers never exit, so the job
+# `wait -n` returns for is the one that ran the command whose "<nonce> <pgid>" is in pgid.
+__swerl_loop() {
+  local rc n pgid
+  __swerl_worker &
+  while :; do
+    __swerl_worker &
+    wait -n 2>/dev/null
+    rc=$?
+    printf 'disarm\n' >&9
+    read -r n pgid <"$__swerl_io/pgid"
+    kill -KILL -- "-$pgid" 2>/dev/null
+    if [ -e "$__swerl_io/timeout" ]; then
+      rm -f "$__swerl_io/timeout"
+      printf '\0SWERL:%s:T\0' "$__swerl_token"
+    fi
+    printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$rc"
+  done
+}
+
+# Called by the node after it has exported the sandbox's environment; never returns.
+__swerl_start() {
   printf '\0SWERL:ready:%d\0' "$$"
-  printf '\0SWERL:ready:%d\0' "$$" >&2
+  __swerl_loop
 }
 
 set -m
 __swerl_watchdog &
-exec 9>"$__swerl_ctl"
+exec 9>"$__swerl_ctl" 7<>"$__swerl_baton"
+printf 'x\n' >&7
