@@ -29,6 +29,13 @@ def _exec_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from swerl.demo import run_demo
+
+    configure_logging("console", "warning")
+    return asyncio.run(run_demo(args.image))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
     services = parser.add_subparsers(dest="service", required=True)
@@ -40,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve = exec_cmds.add_parser("serve", help="serve SandboxService on the local dockerd")
     add_settings_arguments(serve, ExecSettings)
     serve.set_defaults(handler=_exec_serve)
+
+    demo = services.add_parser("demo", help="a local tour on the embedded defaults")
+    from swerl.demo import DEFAULT_IMAGE
+
+    demo.add_argument("--image", default=DEFAULT_IMAGE, help="image of the demo sandbox")
+    demo.set_defaults(handler=_demo)
     return parser
 
 
