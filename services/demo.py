@@ -68,11 +68,12 @@ async def run_demo(image: str = DEFAULT_IMAGE) -> int:
 
             started = time.monotonic()
             result = await client.run(sandbox_id, "sleep 1000", timeout_s=1)
+            elapsed = time.monotonic() - started
             survivors = await client.run(sandbox_id, "ps -eo cmd | grep -c '^sleep 1000' || true")
             _say(
                 "timeout",
-                f"timed_out={result.timed_out} exit={result.exit_code} after"
-                f" {time.monotonic() - started:.2f} s; survivors: {survivors.stdout.decode().strip()}",
+                f"timed_out={result.timed_out} exit={result.exit_code} after {elapsed:.2f} s;"
+                f" survivors: {survivors.stdout.decode().strip()}",
             )
 
             result = await client.run(
@@ -94,7 +95,8 @@ async def run_demo(image: str = DEFAULT_IMAGE) -> int:
             )
             _say(
                 "GetDiff",
-                f"{len(diff.patch)} bytes against {diff.base_commit[:12]}, files: {list(diff.files)}",
+                f"{len(diff.patch)} bytes against {diff.base_commit[:12]},"
+                f" files: {list(diff.files)}",
             )
 
             latencies = []
