@@ -6,13 +6,16 @@ import asyncio
 
 from swerl.chassis.server import GrpcServer
 from swerl.exec.docker_backend import DockerBackend
+from swerl.exec.evaluate import Evaluator
+from swerl.exec.evaluate_servicer import EvaluateServicer
 from swerl.exec.sandboxes import SandboxManager
 from swerl.exec.servicer import SandboxServicer
 from swerl.exec.settings import ExecSettings
 from swerl.exec.store import NodeStore
-from swerl.exec.v1 import sandbox_pb2, sandbox_pb2_grpc
+from swerl.exec.v1 import evaluate_pb2, evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 
 SANDBOX_SERVICE = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
+EVALUATE_SERVICE = evaluate_pb2.DESCRIPTOR.services_by_name["EvaluateService"].full_name
 
 
 class ExecNode:
@@ -30,6 +33,11 @@ class ExecNode:
             sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
             SandboxServicer(self.manager),
             [SANDBOX_SERVICE],
+        )
+        self.server.add_service(
+            evaluate_pb2_grpc.add_EvaluateServiceServicer_to_server,
+            EvaluateServicer(Evaluator(self.manager)),
+            [EVALUATE_SERVICE],
         )
         self.server.add_shutdown_callback(self._shutdown)
         self.port = 0

@@ -1,0 +1,535 @@
+"""Evaluation on the exec node: apply a patch in a fresh sandbox, run the task's tests, grade.
+
+Grading is the `swebench` package's own (pinned): its log parsers, `get_eval_report` and
+`get_resolution_status`. An instance either carries `eval_script` + `log_parser` (run as given)
+or is a classic SWE-bench instance whose eval script swebench builds from `repo`/`version`. The
+eval script's exit code is never the verdict unless the instance asks for `eval_type=exit_code`.
+
+Patch, test patch and eval script travel as files through the sandbox's I/O directory (no
+heredocs, no argv limits). Infrastructure failures (image missing, container gone, Docker down)
+end in an INFRA_ERROR report with a reason, never in an unresolved verdict, so training can drop
+such episodes instead of punishing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from swerl.chassis.errors import InvalidArgument, SwerlError
+from swerl.exec.output import STDOUT
+from swerl.exec.sandboxes import CreateSpec, SandboxManager
+from swerl.exec.shell import CONTAINER_IO_DIR, CommandSpec, Exit, Output
+
+log = structlog.get_logger(__name__)
+
+REPO_DIR = "/testbed"
+DEFAULT_TIMEOUT_S = 600.0
+MAX_LOG_BYTES = 128 << 20
+START_MARKER = ">>>>> Start Test Output"
+END_MARKER = ">>>>> End Test Output"
+EXIT_MARKER = ">>>>> Test Exit Code"
+# Synthetic swebench repo keys for instances that name their own log parser, so a dataset's
+# explicit parser never changes how swebench grades a real repository of the same name.
+_EXPLICIT_REPO = "swerl-explicit/{parser}/{eval_type}"
+
+
+class EvalSpecEmpty(InvalidArgument):
+    reason = "EVAL_SPEC_EMPTY"
+
+
+class UnknownLogParser(InvalidArgument):
+    reason = "UNKNOWN_LOG_PARSER"
+
+
+class UnknownEvalType(InvalidArgument):
+    reason = "UNKNOWN_EVAL_TYPE"
+
+
+class InvalidInstance(InvalidArgument):
+    reason = "INVALID_INSTANCE"
+
+
+# -- events ----------------------------------------------------------------------------------
+PHASES = ("PREPARE", "APPLY_PATCH", "APPLY_TEST_PATCH", "RUN_TESTS", "GRADE")
+STATUSES = (
+    "RESOLVED_FULL",
+    "RESOLVED_PARTIAL",
+    "UNRESOLVED",
+    "PATCH_FAILED",
+    "TIMEOUT",
+    "INFRA_ERROR",
+)
+APPLY_METHODS = ("NONE", "GIT_APPLY", "GIT_APPLY_3WAY", "GIT_APPLY_REJECT", "PATCH_FUZZ")
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    phase: str
+    time: float
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    phase: str
+    stream: int
+    data: bytes
+
+
+@dataclass
+class Report:
+    instance_id: str
+    status: str = "INFRA_ERROR"
+    patch_applied: bool = False
+    apply_method: str = "NONE"
+    f2p_success: list[str] = field(default_factory=list)
+    f2p_failure: list[str] = field(default_factory=list)
+    p2p_success: list[str] = field(default_factory=list)
+    p2p_failure: list[str] = field(default_factory=list)
+    test_exit_code: int = -1
+    total_s: float = 0.0
+    apply_s: float = 0.0
+    tests_s: float = 0.0
+    grade_s: float = 0.0
+    sandbox_s: float = 0.0
+    error_reason: str = ""
+    error_message: str = ""
+    failed_phase: str = ""
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == "RESOLVED_FULL"
+
+
+Event = PhaseEvent | LogEvent | Report
+
+
+# -- the eval spec -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EvalSpec:
+    """What grading needs, settled before anything runs (bad specs fail the call up front)."""
+
+    instance: Mapping[str, Any]
+    eval_script: str
+    test_patch: str
+    test_spec: Any  # swebench TestSpec
+    exit_code_only: bool
+    applies_test_patch_itself: bool
+
+
+def _as_list(value: Any) -> list[str]:
+    import json
+
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else []
+    return [str(v) for v in value or []]
+
+
+def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
+    """Validates the instance's eval spec and prepares swebench's TestSpec for it."""
+    from swebench.harness.constants import FAIL_ONLY_REPOS, MAP_REPO_VERSION_TO_SPECS
+    from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+    from swebench.harness.test_spec.test_spec import TestSpec, make_test_spec
+
+    instance_id = str(instance.get("instance_id") or "")
+    if not instance_id:
+        raise InvalidInstance("instance.instance_id is required")
+    f2p = _as_list(instance.get("FAIL_TO_PASS"))
+    p2p = _as_list(instance.get("PASS_TO_PASS"))
+    eval_script = str(instance.get("eval_script") or "")
+    eval_type = str(instance.get("eval_type") or "").lower()
+    parser_name = str(instance.get("log_parser") or "")
+    repo = str(instance.get("repo") or "")
+    version = str(instance.get("version") or "")
+    if eval_type not in ("", "pytest", "pass_and_fail", "fail_only", "exit_code"):
+        raise UnknownEvalType(
+            f"eval_type {eval_type!r} is not one of pass_and_fail, fail_only, exit_code",
+            instance_id=instance_id,
+        )
+    if eval_type == "exit_code":
+        if not eval_script.strip():
+            raise EvalSpecEmpty("eval_type exit_code needs an eval_script", instance_id=instance_id)
+        return EvalSpec(
+            instance, eval_script, str(instance.get("test_patch") or ""), None, True, False
+        )
+    if not f2p:
+        # An empty FAIL_TO_PASS would make every patch "resolved".
+        raise EvalSpecEmpty(
+            "FAIL_TO_PASS is empty: nothing would distinguish a fix from no fix",
+            instance_id=instance_id,
+        )
+    if eval_script.strip():
+        parser = _find_parser(parser_name or "pytest", instance_id)
+        fail_only = eval_type == "fail_only"
+        key = _EXPLICIT_REPO.format(parser=parser.__name__, eval_type=eval_type or "pytest")
+        MAP_REPO_TO_PARSER[key] = parser
+        MAP_REPO_VERSION_TO_SPECS.setdefault(key, {}).setdefault(version, {"test_cmd": ""})
+        if fail_only:
+            FAIL_ONLY_REPOS.add(key)
+        test_spec = TestSpec(
+            instance_id=instance_id,
+            repo=key,
+            version=version,
+            repo_script_list=[],
+            eval_script_list=[],
+            env_script_list=[],
+            arch="x86_64",
+            FAIL_TO_PASS=f2p,
+            PASS_TO_PASS=p2p,
+            language="py",
+            docker_specs={},
+            namespace=None,
+        )
+        return EvalSpec(
+            instance, eval_script, str(instance.get("test_patch") or ""), test_spec, False, False
+        )
+    if repo not in MAP_REPO_VERSION_TO_SPECS or version not in MAP_REPO_VERSION_TO_SPECS[repo]:
+        raise EvalSpecEmpty(
+            f"no eval_script given and swebench has no eval spec for {repo}@{version}",
+            instance_id=instance_id,
+        )
+    for key in ("base_commit", "test_patch"):
+        if not instance.get(key):
+            raise InvalidInstance(f"instance.{key} is required", instance_id=instance_id)
+    classic = dict(instance)
+    classic["FAIL_TO_PASS"], classic["PASS_TO_PASS"] = f2p, p2p
+    test_spec = make_test_spec(classic)
+    return EvalSpec(
+        instance, test_spec.eval_script, str(instance["test_patch"]), test_spec, False, True
+    )
+
+
+def _find_parser(name: str, instance_id: str):
+    import swebench.harness.log_parsers as parsers
+
+    short = name.removeprefix("parse_log_")
+    for module_name in ("python", "javascript", "go", "java", "rust", "c", "php", "ruby"):
+        module = getattr(parsers, module_name, None)
+        parser = getattr(module, f"parse_log_{short}", None) if module else None
+        if parser is not None:
+            return parser
+    raise UnknownLogParser(
+        f"swebench has no log parser named {name!r}", instance_id=instance_id, log_parser=name
+    )
+
+
+def _patched_paths(patch: str) -> list[str]:
+    paths: list[str] = []
+    for match in re.finditer(r"^diff --git a/(\S+) b/(\S+)$", patch, re.MULTILINE):
+        for path in match.groups():
+            if path not in paths:
+                paths.append(path)
+    return paths
+
+
+def _shell_words(words: list[str]) -> str:
+    return " ".join("'" + w.replace("'", "'\\''") + "'" for w in words)
+
+
+# -- the evaluator -----------------------------------------------------------------------------
+class CommandFailed(Exception):
+    """A harness step's command could not run (the sandbox is gone, Docker failed)."""
+
+
+class Evaluator:
+    def __init__(self, manager: SandboxManager) -> None:
+        self._m = manager
+
+    async def evaluate(
+        self,
+        instance: Mapping[str, Any],
+        patch: bytes,
+        *,
+        sandbox_id: str = "",
+        timeout_s: float = 0.0,
+        omit_logs: bool = False,
+        request_id: str = "",
+    ) -> AsyncIterator[Event]:
+        spec = build_eval_spec(instance)  # bad input fails the call before anything streams
+        started = time.monotonic()
+        report = Report(instance_id=str(instance["instance_id"]))
+        own_sandbox = not sandbox_id
+        work: Path | None = None
+        try:
+            yield PhaseEvent("PREPARE", time.time())
+            if own_sandbox:
+                image = str(instance.get("image_name") or "")
+                if not image:
+                    raise InvalidInstance(
+                        "no sandbox_id and no instance.image_name to create one from",
+                        instance_id=report.instance_id,
+                    )
+                t = time.monotonic()
+                try:
+                    record = await self._m.create(
+                        CreateSpec(
+                            image=image,
+                            workdir=REPO_DIR,
+                            owner="evaluate",
+                            instance_id=report.instance_id,
+                            ttl_s=(timeout_s or DEFAULT_TIMEOUT_S) + 600,
+                        )
+                    )
+                except SwerlError as exc:
+                    if isinstance(exc, InvalidArgument):
+                        raise
+                    yield self._infra(report, started, "PREPARE", exc.reason, exc.message)
+                    return
+                sandbox_id = record.sandbox_id
+                report.sandbox_s = time.monotonic() - t
+            else:
+                self._m.get(sandbox_id)  # NOT_FOUND for an unknown sandbox, up front
+            work = self._m.io_dir(sandbox_id) / f"eval-{uuid.uuid4().hex[:12]}"
+            work.mkdir(parents=True)
+            inside = f"{CONTAINER_IO_DIR}/{work.name}"
+            async for event in self._run(
+                spec,
+                patch,
+                sandbox_id,
+                work,
+                inside,
+                report,
+                timeout_s or DEFAULT_TIMEOUT_S,
+                omit_logs,
+            ):
+                yield event
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+            if own_sandbox and sandbox_id:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._m.destroy(sandbox_id))
+        report.total_s = time.monotonic() - started
+        log.info(
+            "evaluate.done",
+            instance_id=report.instance_id,
+            status=report.status,
+            total_s=round(report.total_s, 3),
+            tests_s=round(report.tests_s, 3),
+        )
+        yield report
+
+    def _infra(
+        self, report: Report, started: float, phase: str, reason: str, message: str
+    ) -> Report:
+        report.status = "INFRA_ERROR"
+        report.failed_phase = phase
+        report.error_reason = reason
+        report.error_message = message[-2000:]
+        report.total_s = time.monotonic() - started
+        return report
+
+    async def _cmd(
+        self,
+        sandbox_id: str,
+        command: str,
+        *,
+        phase: str,
+        timeout_s: float,
+        omit_logs: bool,
+        sink: list[LogEvent],
+        max_output: int = 1 << 20,
+    ) -> tuple[Exit, bytes]:
+        """Runs one harness command (stderr merged into stdout) and collects its output."""
+        try:
+            run = self._m.start_command(
+                sandbox_id,
+                CommandSpec(
+                    f"exec 2>&1\n{command}", timeout_s=timeout_s, max_output_bytes=max_output
+                ),
+            )
+        except SwerlError as exc:
+            raise CommandFailed(f"{exc.reason}: {exc.message}") from exc
+        out = bytearray()
+        finished = False
+        try:
+            async for event in run.events():
+                if isinstance(event, Output):
+                    out += event.data
+                    if not omit_logs:
+                        sink.append(LogEvent(phase, STDOUT, event.data))
+                elif isinstance(event, Exit):
+                    finished = True
+                    return event, bytes(out)
+        except SwerlError as exc:
+            raise CommandFailed(f"{exc.reason}: {exc.message}") from exc
+        finally:
+            if not finished:
+                run.abandon()
+        raise CommandFailed("the command ended without an exit status")
+
+    async def _run(
+        self,
+        spec: EvalSpec,
+        patch: bytes,
+        sandbox_id: str,
+        work: Path,
+        inside: str,
+        report: Report,
+        timeout_s: float,
+        omit_logs: bool,
+    ) -> AsyncIterator[Event]:
+        logs: list[LogEvent] = []
+
+        def flush() -> list[LogEvent]:
+            out = list(logs)
+            logs.clear()
+            return out
+
+        async def step(command: str, phase: str, timeout: float = 300.0, max_output: int = 1 << 20):
+            return await self._cmd(
+                sandbox_id,
+                command,
+                phase=phase,
+                timeout_s=timeout,
+                omit_logs=omit_logs,
+                sink=logs,
+                max_output=max_output,
+            )
+
+        try:
+            # -- the candidate patch ---------------------------------------------------------
+            yield PhaseEvent("APPLY_PATCH", time.time())
+            t = time.monotonic()
+            if not patch.strip():
+                report.status = "UNRESOLVED"
+                report.error_reason = "EMPTY_PATCH"
+                report.error_message = "the patch is empty: nothing to evaluate"
+                report.failed_phase = "APPLY_PATCH"
+                return
+            (work / "model.patch").write_bytes(patch if patch.endswith(b"\n") else patch + b"\n")
+            p = f"{inside}/model.patch"
+            attempts = [
+                ("GIT_APPLY", f"git apply --verbose {p}"),
+                ("GIT_APPLY_3WAY", f"git apply --verbose --3way {p}"),
+                ("GIT_APPLY_REJECT", f"git apply --verbose --reject {p}"),
+                ("PATCH_FUZZ", f"patch --batch --fuzz=5 -p1 -i {p}"),
+            ]
+            first_error = b""
+            for method, command in attempts:
+                result, output = await step(f"cd {REPO_DIR} && {command}", "APPLY_PATCH")
+                if result.exit_code == 0:
+                    report.patch_applied, report.apply_method = True, method
+                    break
+                first_error = first_error or output
+                # Back to a clean tree at the base commit before the next method.
+                await step(
+                    f"cd {REPO_DIR} && git reset --hard -q HEAD && git clean -fdq", "APPLY_PATCH"
+                )
+            for event in flush():
+                yield event
+            report.apply_s = time.monotonic() - t
+            if not report.patch_applied:
+                report.status = "PATCH_FAILED"
+                report.error_reason = "PATCH_APPLY_FAILED"
+                report.error_message = first_error.decode(errors="replace")[-2000:]
+                report.failed_phase = "APPLY_PATCH"
+                return
+
+            # -- the test patch (files it touches restored to the base commit first) ---------
+            if spec.test_patch.strip() and not spec.applies_test_patch_itself:
+                yield PhaseEvent("APPLY_TEST_PATCH", time.time())
+                (work / "test.patch").write_text(
+                    spec.test_patch if spec.test_patch.endswith("\n") else spec.test_patch + "\n"
+                )
+                paths = _patched_paths(spec.test_patch)
+                restore = (
+                    f'for f in {_shell_words(paths)}; do git checkout -q HEAD -- "$f" 2>/dev/null'
+                    ' || rm -rf -- "$f"; done; '
+                    if paths
+                    else ""
+                )
+                result, output = await step(
+                    f"cd {REPO_DIR} && {restore}git apply --verbose {inside}/test.patch",
+                    "APPLY_TEST_PATCH",
+                )
+                for event in flush():
+                    yield event
+                if result.exit_code != 0:
+                    report.status = "INFRA_ERROR"
+                    report.error_reason = "TEST_PATCH_FAILED"
+                    report.error_message = output.decode(errors="replace")[-2000:]
+                    report.failed_phase = "APPLY_TEST_PATCH"
+                    return
+
+            # -- the tests --------------------------------------------------------------------
+            yield PhaseEvent("RUN_TESTS", time.time())
+            (work / "eval.sh").write_text(spec.eval_script)
+            if spec.applies_test_patch_itself:
+                # swebench's own eval.sh prints the markers and records the exit code itself.
+                run_tests = f"cd {REPO_DIR} && bash {inside}/eval.sh"
+            else:
+                run_tests = (
+                    f"cd {REPO_DIR}\necho '{START_MARKER}'\nbash {inside}/eval.sh\nrc=$?\n"
+                    f"echo '{END_MARKER}'\necho \"{EXIT_MARKER}: $rc\"\nexit $rc"
+                )
+            t = time.monotonic()
+            result, test_log = await step(
+                run_tests, "RUN_TESTS", timeout=timeout_s, max_output=MAX_LOG_BYTES
+            )
+            report.tests_s = time.monotonic() - t
+            report.test_exit_code = result.exit_code
+            for event in flush():
+                yield event
+            if result.timed_out:
+                report.status = "TIMEOUT"
+                report.error_reason = "TESTS_TIMED_OUT"
+                report.error_message = f"the tests ran past {timeout_s:g} s and were killed"
+                report.failed_phase = "RUN_TESTS"
+                return
+
+            # -- grading ------------------------------------------------------------------------
+            yield PhaseEvent("GRADE", time.time())
+            t = time.monotonic()
+            if spec.exit_code_only:
+                report.status = "RESOLVED_FULL" if result.exit_code == 0 else "UNRESOLVED"
+            else:
+                await asyncio.to_thread(grade, spec, patch, test_log, report)
+            report.grade_s = time.monotonic() - t
+        except CommandFailed as exc:
+            report.status = "INFRA_ERROR"
+            report.error_reason = "SANDBOX_FAILED"
+            report.error_message = str(exc)[-2000:]
+            report.failed_phase = report.failed_phase or "RUN_TESTS"
+
+
+def grade(spec: EvalSpec, patch: bytes, test_log: bytes, report: Report) -> None:
+    """swebench's own report for this log; fills the verdict and test lists of `report`."""
+    from swebench.harness.grading import get_eval_report, get_resolution_status
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".log") as handle:
+        handle.write(test_log)
+        handle.flush()
+        prediction = {
+            "instance_id": report.instance_id,
+            "model_name_or_path": "swerl",
+            "model_patch": patch.decode(errors="replace"),
+        }
+        result = get_eval_report(spec.test_spec, prediction, handle.name, True)[report.instance_id]
+    tests = result.get("tests_status")
+    if not tests:
+        report.status = "UNRESOLVED"
+        report.error_reason = "NO_TEST_RESULTS"
+        report.error_message = "the test log has no parseable results (did the tests run?)"
+        report.failed_phase = "GRADE"
+        return
+    report.f2p_success = list(tests["FAIL_TO_PASS"]["success"])
+    report.f2p_failure = list(tests["FAIL_TO_PASS"]["failure"])
+    report.p2p_success = list(tests["PASS_TO_PASS"]["success"])
+    report.p2p_failure = list(tests["PASS_TO_PASS"]["failure"])
+    resolution = get_resolution_status(tests)
+    report.status = {
+        "RESOLVED_FULL": "RESOLVED_FULL",
+        "RESOLVED_PARTIAL": "RESOLVED_PARTIAL",
+    }.get(resolution, "UNRESOLVED")
