@@ -200,6 +200,10 @@ class SandboxManager:
                 await task
         for record in self._records.values():
             await record.shell.close()
+        # The containers outlive this manager, but it no longer speaks for them (its Docker
+        # backend and store close next): only the next start's reconcile takes them back.
+        self._records.clear()
+        self._by_request.clear()
 
     async def reconcile(self) -> None:
         """Adopts valid labelled containers of this node and removes expired or stopped ones."""
@@ -453,6 +457,8 @@ class SandboxManager:
     async def _reap_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reap_interval_s)
+            with contextlib.suppress(Exception):
+                await self._notice_exited_containers()
             now = time.time()
             for record in list(self._records.values()):
                 if record.expire_time <= now and record.destroying is None:
@@ -463,6 +469,20 @@ class SandboxManager:
                         log.warning(
                             "sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc)
                         )
+
+    async def _notice_exited_containers(self) -> None:
+        """Marks sandboxes whose container stopped or vanished behind swerl's back."""
+        listed_at = time.time()
+        found = await self.backend.list_labelled({L + "node": self.settings.node_id})
+        running = {info.container_id for info in found if info.running}
+        for record in list(self._records.values()):
+            # A sandbox created while the list was being taken is not in it yet.
+            if record.create_time >= listed_at - 1.0:
+                continue
+            if record.running and record.destroying is None and record.container_id not in running:
+                record.running = False
+                record.shell.container_exited = True
+                log.warning("sandbox.exited", sandbox_id=record.sandbox_id)
 
     async def _docker_health_loop(self) -> None:
         while True:
@@ -481,8 +501,13 @@ class SandboxManager:
     # -- commands -------------------------------------------------------------------------
     def start_command(self, sandbox_id: str, spec: CommandSpec) -> CommandRun:
         record = self.get(sandbox_id)
-        if not record.running:
-            raise SandboxNotRunning(f"sandbox {sandbox_id!r} is not running")
+        if not record.running or record.shell.container_exited:
+            record.running = False
+            raise SandboxNotRunning(
+                f"sandbox {sandbox_id!r} is no longer running (its container stopped);"
+                " destroy it and create another",
+                sandbox_id=sandbox_id,
+            )
         cwd = spec.cwd or ("" if spec.session else record.workdir)
         return record.shell.start(
             CommandSpec(

@@ -137,6 +137,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     yield pb.ExecResponse(started=pb.ExecStarted(pgid=event.pgid))
                 elif isinstance(event, Exit):
                     finished = True
+                    if inputs.done() and not inputs.cancelled() and inputs.exception():
+                        raise inputs.exception()  # e.g. StdinNotOpen: the call fails with it
                     yield pb.ExecResponse(
                         exit=pb.ExecExit(
                             exit_code=event.exit_code,
@@ -164,6 +166,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     run.request_signal(signal)
             elif kind == "stdin":
                 if not open_stdin:
+                    # A protocol error fails the whole call and, like a cancel, kills the command.
+                    run.request_signal("KILL")
                     raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
                 await run.write_stdin(message.stdin.data, message.stdin.close)
 

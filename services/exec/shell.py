@@ -32,7 +32,7 @@ from pathlib import Path
 import structlog
 
 from swerl.exec.docker_backend import DockerBackend
-from swerl.exec.errors import InvalidCommand, ShellUnavailable
+from swerl.exec.errors import InvalidCommand, SandboxNotRunning, ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT, OutputCap
 
 log = structlog.get_logger(__name__)
@@ -364,15 +364,34 @@ class SandboxShell:
         self.supervisor: Supervisor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        # Set once the container was found stopped (killed from outside, out of memory).
+        self.container_exited = False
 
     async def ensure_supervisor(self) -> Supervisor:
         sup = self.supervisor
         if sup is None or sup.dead:
+            if self.container_exited:
+                raise self._not_running()
             if sup is not None:
                 log.info("shell.restart", container_id=self.container_id[:12])
-            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+            try:
+                sup = await Supervisor.start(
+                    self._backend, self.container_id, self.io_dir, self._env
+                )
+            except ShellUnavailable:
+                if not await self._backend.is_running(self.container_id):
+                    self.container_exited = True
+                    raise self._not_running() from None
+                raise
             self.supervisor = sup
         return sup
+
+    def _not_running(self) -> SandboxNotRunning:
+        return SandboxNotRunning(
+            "the sandbox's container is no longer running (killed from outside or out of"
+            " memory); destroy it and create another",
+            container_id=self.container_id[:12],
+        )
 
     def spawn(self, coro) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -55,9 +55,11 @@ __swerl_watchdog() {
 
 # SESSION mode: persist variables, functions, aliases and cwd for the next SESSION command.
 # Shell-internal and read-only variables are skipped: restoring them would fail or misbehave.
+# The restore runs inside a function, so every `declare` is rewritten to `declare -g`: without
+# it the restored variables would be local to that function and gone before the next save.
 __swerl_save_session() {
-  local __v
   {
+    local __v
     for __v in $(compgen -v); do
       case $__v in
         BASH | BASH[_A-Z]* | EUID | PPID | UID | SHELLOPTS | FUNCNAME | GROUPS | HISTCMD | LINENO | \
@@ -65,7 +67,7 @@ __swerl_save_session() {
           COMP_* | _ | __*) continue ;;
       esac
       declare -p "$__v" 2>/dev/null
-    done
+    done | command sed -E 's/^declare -- /declare -g /; s/^declare -([A-Za-z]+) /declare -g\1 /'
     declare -f
     alias -p
     printf 'builtin cd -- %q\n' "$PWD"
@@ -109,20 +111,21 @@ __swerl_worker() {
 # the next one, already forked and queued for the baton. Idle workers never exit, so the job
 # `wait -n` returns for is the one that ran the command whose "<nonce> <pgid>" is in pgid.
 __swerl_loop() {
-  local rc n pgid
+  # Names start with __ so commands (forked from here) neither see nor save them as their own.
+  local __rc __n __pgid
   __swerl_worker &
   while :; do
     __swerl_worker &
     wait -n 2>/dev/null
-    rc=$?
+    __rc=$?
     printf 'disarm\n' >&9
-    read -r n pgid <"$__swerl_io/pgid"
-    kill -KILL -- "-$pgid" 2>/dev/null
+    read -r __n __pgid <"$__swerl_io/pgid"
+    kill -KILL -- "-$__pgid" 2>/dev/null
     if [ -e "$__swerl_io/timeout" ]; then
       rm -f "$__swerl_io/timeout"
       printf '\0SWERL:%s:T\0' "$__swerl_token"
     fi
-    printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$rc"
+    printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$__rc"
   done
 }
 

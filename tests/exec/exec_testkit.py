@@ -1,0 +1,149 @@
+"""Shared pieces of the exec node's integration tests: status checks, live Exec calls, Docker.
+
+A plain module (not conftest) so tests import its helpers by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+import docker
+import grpc
+import pytest
+
+from swerl.chassis.client import error_info
+from swerl.exec.client import ExecResult
+from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.exec.v1 import sandbox_pb2_grpc
+
+RPC_TIMEOUT_S = 60.0
+
+
+async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    """Awaits a call that must fail and returns its error."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    return caught.value
+
+
+def assert_status(err: grpc.aio.AioRpcError, code: grpc.StatusCode, reason: str) -> dict[str, str]:
+    """Checks a failure's status code and ErrorInfo reason; returns the ErrorInfo metadata."""
+    assert err.code() == code, f"expected {code.name}, got {err.code().name}: {err.details()}"
+    got, metadata = error_info(err)
+    assert got == reason, f"expected reason {reason}, got {got}: {err.details()}"
+    return metadata
+
+
+class ExecStream:
+    """One Exec call whose later requests (stdin, signals) the test sends while it runs."""
+
+    def __init__(
+        self,
+        stub: sandbox_pb2_grpc.SandboxServiceStub,
+        first: pb.ExecRequest,
+        *,
+        timeout_s: float = RPC_TIMEOUT_S,
+    ) -> None:
+        self._requests: asyncio.Queue[pb.ExecRequest | None] = asyncio.Queue()
+        self._requests.put_nowait(first)
+        self.call = stub.Exec(self._request_messages(), timeout=timeout_s)
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+
+    async def _request_messages(self) -> AsyncIterator[pb.ExecRequest]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    def send(self, request: pb.ExecRequest) -> None:
+        self._requests.put_nowait(request)
+
+    def send_stdin(self, data: bytes, *, close: bool = False) -> None:
+        self.send(pb.ExecRequest(stdin=pb.ExecStdin(data=data, close=close)))
+
+    def send_signal(self, signal: pb.Signal) -> None:
+        self.send(pb.ExecRequest(signal=pb.ExecSignal(signal=signal)))
+
+    def end_requests(self) -> None:
+        self._requests.put_nowait(None)
+
+    async def next_response(self) -> pb.ExecResponse:
+        response = await self.call.read()
+        assert response is not grpc.aio.EOF, "Exec stream ended early"
+        return response
+
+    async def started(self) -> pb.ExecStarted:
+        """Waits for `started` (asked for with notify_started or open_stdin)."""
+        response = await self.next_response()
+        assert response.WhichOneof("kind") == "started", response
+        return response.started
+
+    async def result(self) -> ExecResult:
+        """Reads the rest of the stream up to `exit`."""
+        try:
+            while True:
+                response = await self.next_response()
+                kind = response.WhichOneof("kind")
+                if kind == "output":
+                    out = self._stdout
+                    if response.output.stream == pb.OUTPUT_STREAM_STDERR:
+                        out = self._stderr
+                    out += response.output.data
+                elif kind == "exit":
+                    e = response.exit
+                    return ExecResult(
+                        exit_code=e.exit_code,
+                        stdout=bytes(self._stdout),
+                        stderr=bytes(self._stderr),
+                        timed_out=e.timed_out,
+                        output_truncated=e.output_truncated,
+                        bytes_dropped=e.bytes_dropped,
+                        duration_s=e.duration.ToNanoseconds() / 1e9,
+                        signaled=e.signaled,
+                    )
+        finally:
+            self.end_requests()
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        self.end_requests()
+
+
+def _containers(filters: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters=filters)
+        return [(c.name, dict(c.labels)) for c in found]
+    finally:
+        client.close()
+
+
+async def node_container_names(node_id: str) -> set[str]:
+    """Names of every container (running or not) labelled as belonging to `node_id`."""
+    rows = await asyncio.to_thread(_containers, {"label": f"swerl.node={node_id}"})
+    return {name for name, _ in rows}
+
+
+async def container_exists(sandbox_id: str) -> bool:
+    """Whether `docker ps -a` still lists the sandbox's container, labelled or not."""
+    rows = await asyncio.to_thread(_containers, {"name": f"swerl-{sandbox_id}"})
+    return any(name == f"swerl-{sandbox_id}" for name, _ in rows)
+
+
+def _host_config(name: str) -> dict[str, Any]:
+    client = docker.from_env()
+    try:
+        return dict(client.api.inspect_container(name)["HostConfig"])
+    finally:
+        client.close()
+
+
+async def container_host_config(sandbox_id: str) -> dict[str, Any]:
+    """`docker inspect`'s HostConfig of the sandbox's container (its limits)."""
+    return await asyncio.to_thread(_host_config, f"swerl-{sandbox_id}")
+
+
+def surviving(ps_output: bytes, needle: bytes) -> list[bytes]:
+    """Lines of `ps -eo pid,pgid,cmd` output whose command contains `needle`."""
+    return [line for line in ps_output.splitlines() if needle in line]

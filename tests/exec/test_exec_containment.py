@@ -1,0 +1,158 @@
+"""Commands that misbehave (flood output, hang, fork-bomb, get abandoned) stay contained."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import psutil
+from exec_testkit import RPC_TIMEOUT_S, ExecStream, surviving
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from swerl.exec.client import exec_start
+from swerl.exec.v1 import sandbox_pb2 as pb
+
+MiB = 1 << 20
+PS = "ps -eo pid,pgid,cmd"
+
+
+class PeakRss:
+    """Samples this process's RSS on a thread (the node is in-process) until stopped."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self.baseline = self._process.memory_info().rss
+        self.peak = self.baseline
+        self._stop = threading.Event()
+        self._task: asyncio.Future[None] | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            time.sleep(0.005)
+
+    async def __aenter__(self) -> PeakRss:
+        self._task = asyncio.ensure_future(asyncio.to_thread(self._sample))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.baseline
+
+
+async def test_hundred_megabytes_of_output_are_capped_without_growing_node_memory(node, sandbox):
+    total = 100_000_000
+    await node.client.run(sandbox.sandbox_id, "true")  # the shell is up before measuring
+    async with PeakRss() as rss:
+        result = await node.client.run(sandbox.sandbox_id, f"head -c {total} /dev/zero")
+    received = len(result.stdout) + len(result.stderr)
+    assert result.exit_code == 0
+    assert result.output_truncated
+    assert received <= MiB
+    assert result.bytes_dropped == total - received
+    # The kept head and tail are exact: zeros only, nothing framed into them.
+    assert result.stdout == bytes(received)
+    assert rss.growth < 64 * MiB, f"node RSS grew by {rss.growth / MiB:.1f} MiB"
+
+
+async def test_small_output_cap_keeps_the_first_and_last_halves(node, sandbox):
+    result = await node.client.run(
+        sandbox.sandbox_id, "printf 0123456789; printf abcdefghij", max_output_bytes=10
+    )
+    assert result.stdout == b"01234fghij"
+    assert (result.output_truncated, result.bytes_dropped) == (True, 10)
+
+
+async def test_hung_command_is_killed_inside_the_container_at_its_timeout(node, sandbox):
+    started = time.monotonic()
+    result = await node.client.run(sandbox.sandbox_id, "sleep 1000", timeout_s=1)
+    elapsed = time.monotonic() - started
+    assert result.timed_out
+    assert result.exit_code == 137
+    assert elapsed < 10
+    ps = await node.client.run(sandbox.sandbox_id, PS)
+    assert surviving(ps.stdout, b"sleep 1000") == []
+
+
+async def test_background_children_of_a_timed_out_command_are_killed_too(node, sandbox):
+    started = time.monotonic()
+    result = await node.client.run(
+        sandbox.sandbox_id, "sleep 1000 & sleep 1000 & wait", timeout_s=1
+    )
+    assert result.timed_out
+    assert result.exit_code == 137
+    assert time.monotonic() - started < 10
+    ps = await node.client.run(sandbox.sandbox_id, PS)
+    assert surviving(ps.stdout, b"sleep 1000") == []
+
+
+async def test_background_children_of_a_finished_command_do_not_outlive_it(node, sandbox):
+    result = await node.client.run(sandbox.sandbox_id, "sleep 1000 & echo forked", timeout_s=30)
+    assert (result.exit_code, result.stdout, result.timed_out) == (0, b"forked\n", False)
+    ps = await node.client.run(sandbox.sandbox_id, PS)
+    assert surviving(ps.stdout, b"sleep 1000") == []
+
+
+async def test_fork_bomb_is_contained_and_the_node_keeps_serving(node, base_image):
+    sandbox = await node.create(base_image, resources=pb.Resources(pids=64))
+    # The bomb forks as fast as it can for 3 s (the trailing sleep keeps the command alive)
+    # against the pids limit, until the in-container timeout kills its process group.
+    bomb = node.client.run(sandbox.sandbox_id, ":(){ :|:& };:; sleep 30", timeout_s=3)
+    result = await asyncio.wait_for(bomb, 60)
+    assert result.timed_out
+    assert result.exit_code == 137
+
+    after = await node.client.run(sandbox.sandbox_id, "echo ok", timeout_s=30)
+    assert (after.exit_code, after.stdout) == (0, b"ok\n")
+    ps = await node.client.run(sandbox.sandbox_id, "ps -e --no-headers | wc -l", timeout_s=30)
+    assert int(ps.stdout) < 16, "bomb processes survived"
+    info = await node.stub.GetNodeInfo(pb.GetNodeInfoRequest(), timeout=RPC_TIMEOUT_S)
+    assert info.running == 1
+    health = health_pb2_grpc.HealthStub(node.channel)
+    check = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
+    assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_cancelled_exec_kills_its_command_and_the_sandbox_stays_usable(node, sandbox):
+    marker = "/tmp/should-not-exist"
+    stream = ExecStream(
+        node.stub,
+        exec_start(sandbox.sandbox_id, f"sleep 1000; touch {marker}", notify_started=True),
+    )
+    started = await stream.started()
+    assert started.pgid > 1
+    stream.cancel()
+
+    began = time.monotonic()
+    check = await node.client.run(
+        sandbox.sandbox_id,
+        f"{PS}; if kill -0 -- -{started.pgid} 2>/dev/null; then echo GROUP-ALIVE; fi;"
+        f" test -e {marker} && echo MARKER-EXISTS; true",
+        timeout_s=30,
+    )
+    assert time.monotonic() - began < 5
+    assert check.exit_code == 0
+    assert surviving(check.stdout, b"sleep 1000") == []
+    assert b"GROUP-ALIVE" not in check.stdout
+    assert b"MARKER-EXISTS" not in check.stdout
+
+
+async def test_cancelled_exec_stops_a_looping_writer_for_good(node, sandbox):
+    loop = "while :; do echo tick >> /tmp/ticks; sleep 0.05; done"
+    stream = ExecStream(node.stub, exec_start(sandbox.sandbox_id, loop, notify_started=True))
+    await stream.started()
+    await asyncio.sleep(0.3)
+    stream.cancel()
+
+    size = "wc -c < /tmp/ticks"
+    first = await node.client.run(sandbox.sandbox_id, size, timeout_s=30)
+    await asyncio.sleep(0.5)
+    second = await node.client.run(sandbox.sandbox_id, size, timeout_s=30)
+    assert int(first.stdout) > 0
+    assert first.stdout == second.stdout
