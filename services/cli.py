@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -36,6 +38,50 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(args.image))
 
 
+def _tasks_build(args: argparse.Namespace) -> int:
+    from swerl.tasks import build_images, load_tasks
+
+    tasks = load_tasks(args.tasks)
+    build_images(tasks, base_image=args.base_image, rebuild=args.rebuild)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from swerl.chassis.client import make_channel
+    from swerl.exec.v1 import evaluate_pb2_grpc
+    from swerl.tasks import load_tasks
+    from swerl.validate import render, run_local, validate
+
+    configure_logging("console", "warning")
+    tasks = load_tasks(args.tasks)
+    if args.only:
+        tasks = [t for t in tasks if t.instance_id in set(args.only)]
+    print(f"validating {len(tasks)} tasks from {args.tasks}", flush=True)
+
+    async def remote():
+        channel = make_channel(args.node, token=args.token)
+        try:
+            stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
+            return await validate(tasks, stub, concurrency=args.concurrency, timeout_s=args.timeout)
+        finally:
+            await channel.close()
+
+    if args.node:
+        checks = asyncio.run(remote())
+    else:
+        checks = asyncio.run(
+            run_local(
+                tasks,
+                base_image=args.base_image,
+                build=not args.no_build,
+                concurrency=args.concurrency,
+                timeout_s=args.timeout,
+            )
+        )
+    print(render(checks))
+    return 0 if all(check.ok for check in checks) else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
     services = parser.add_subparsers(dest="service", required=True)
@@ -47,6 +93,30 @@ def build_parser() -> argparse.ArgumentParser:
     serve = exec_cmds.add_parser("serve", help="serve SandboxService on the local dockerd")
     add_settings_arguments(serve, ExecSettings)
     serve.set_defaults(handler=_exec_serve)
+
+    from swerl.tasks import default_tasks_dir
+
+    base_image = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
+    tasks_parser = services.add_parser("tasks", help="SWE-bench-format task sets")
+    tasks_cmds = tasks_parser.add_subparsers(dest="command", required=True)
+    build = tasks_cmds.add_parser("build", help="build the task images on the local dockerd")
+    build.add_argument("--tasks", type=Path, default=default_tasks_dir(), help="tasks directory")
+    build.add_argument("--base-image", default=base_image, help="image the Dockerfiles start FROM")
+    build.add_argument("--rebuild", action="store_true", help="rebuild images already present")
+    build.set_defaults(handler=_tasks_build)
+
+    validate = services.add_parser(
+        "validate", help="check that gold patches resolve and empty/wrong ones do not"
+    )
+    validate.add_argument("--tasks", type=Path, default=default_tasks_dir(), help="tasks directory")
+    validate.add_argument("--only", nargs="*", help="instance ids to validate (default: all)")
+    validate.add_argument("--node", help="exec node address (default: an in-process node)")
+    validate.add_argument("--token", help="bearer token of --node")
+    validate.add_argument("--base-image", default=base_image, help="base image for task images")
+    validate.add_argument("--no-build", action="store_true", help="do not build task images")
+    validate.add_argument("--concurrency", type=int, default=2, help="evaluations at once")
+    validate.add_argument("--timeout", type=float, default=600.0, help="test timeout, seconds")
+    validate.set_defaults(handler=_validate)
 
     demo = services.add_parser("demo", help="a local tour on the embedded defaults")
     from swerl.demo import DEFAULT_IMAGE

@@ -1,0 +1,40 @@
+"""`swerl validate` on real dockerd: a sound task set passes, a broken one fails the command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from swerl.cli import main
+from swerl.tasks import default_tasks_dir
+
+TASK = "swerl-examples__semverlite-41"
+
+
+def _copy_task(tmp_path: Path) -> Path:
+    root = tmp_path / "tasks"
+    shutil.copytree(default_tasks_dir() / TASK, root / TASK)
+    return root
+
+
+def test_validate_passes_a_sound_task_and_prints_the_table(tmp_path, base_image, capsys):
+    root = _copy_task(tmp_path)
+    assert main(["validate", "--tasks", str(root), "--base-image", base_image]) == 0
+    out = capsys.readouterr().out
+    assert "gold resolved 1/1" in out
+    assert "correctly not resolved 2/2" in out
+    assert "test_prerelease_sorts_before_release" in out
+
+
+def test_validate_fails_when_a_gold_patch_does_not_resolve(tmp_path, base_image, capsys):
+    root = _copy_task(tmp_path)
+    instance_file = root / TASK / "instance.json"
+    instance = json.loads(instance_file.read_text())
+    # A FAIL_TO_PASS test that no patch can make pass: the task itself is broken.
+    instance["FAIL_TO_PASS"].append("tests/test_compare.py::test_that_does_not_exist")
+    instance_file.write_text(json.dumps(instance, indent=2))
+    assert main(["validate", "--tasks", str(root), "--base-image", base_image]) == 1
+    out = capsys.readouterr().out
+    assert "gold resolved 0/1" in out
+    assert "test_that_does_not_exist" in out
