@@ -49,8 +49,18 @@ def _gencode_tree(tmp_path: Path) -> Path:
 def test_gencode_imports_under_newer_protobuf_runtimes(tmp_path, runtime):
     site = tmp_path / "site"
     install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "--no-deps", "--target", str(site), f"protobuf=={runtime}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--target",
+            str(site),
+            f"protobuf=={runtime}",
+        ],
         capture_output=True,
         text=True,
     )

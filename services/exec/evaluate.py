@@ -29,7 +29,7 @@ import structlog
 
 from swerl.chassis.errors import InvalidArgument, SwerlError
 from swerl.exec.output import STDOUT
-from swerl.exec.sandboxes import CreateSpec, SandboxManager
+from swerl.exec.sandboxes import CreateSpec, SandboxManager, validate_image_reference
 from swerl.exec.shell import CONTAINER_IO_DIR, CommandSpec, Exit, Output
 
 log = structlog.get_logger(__name__)
@@ -138,9 +138,14 @@ def _as_list(value: Any) -> list[str]:
 
 def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
     """Validates the instance's eval spec and prepares swebench's TestSpec for it."""
-    from swebench.harness.constants import FAIL_ONLY_REPOS, MAP_REPO_VERSION_TO_SPECS
+    from swebench.harness.constants import (
+        FAIL_ONLY_REPOS,
+        MAP_REPO_TO_EXT,
+        MAP_REPO_VERSION_TO_SPECS,
+    )
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
-    from swebench.harness.test_spec.test_spec import TestSpec, make_test_spec
+    from swebench.harness.test_spec.create_scripts import make_eval_script_list
+    from swebench.harness.test_spec.test_spec import TestSpec
 
     instance_id = str(instance.get("instance_id") or "")
     if not instance_id:
@@ -204,7 +209,26 @@ def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
             raise InvalidInstance(f"instance.{key} is required", instance_id=instance_id)
     classic = dict(instance)
     classic["FAIL_TO_PASS"], classic["PASS_TO_PASS"] = f2p, p2p
-    test_spec = make_test_spec(classic)
+    # Not make_test_spec: it also writes the environment image's setup script, downloading the
+    # repo's requirements.txt / environment.yml from GitHub (Django, newer sympy, ...) — a
+    # blocking fetch per evaluation that fails on an offline node. Grading needs the eval script.
+    specs = MAP_REPO_VERSION_TO_SPECS[repo][version]
+    test_spec = TestSpec(
+        instance_id=instance_id,
+        repo=repo,
+        version=version,
+        repo_script_list=[],
+        eval_script_list=make_eval_script_list(
+            classic, specs, "testbed", REPO_DIR, classic["base_commit"], classic["test_patch"]
+        ),
+        env_script_list=[],
+        arch="x86_64",
+        FAIL_TO_PASS=f2p,
+        PASS_TO_PASS=p2p,
+        language=MAP_REPO_TO_EXT[repo],
+        docker_specs=specs.get("docker_specs", {}),
+        namespace=None,
+    )
     return EvalSpec(
         instance, test_spec.eval_script, str(instance["test_patch"]), test_spec, False, True
     )
@@ -261,15 +285,21 @@ class Evaluator:
         report = Report(instance_id=str(instance["instance_id"]))
         own_sandbox = not sandbox_id
         work: Path | None = None
+        # Bad requests fail before the first message (the contract): check the sandbox or the
+        # image reference up front, before PREPARE is announced.
+        image = str(instance.get("image_name") or "")
+        if own_sandbox:
+            if not image:
+                raise InvalidInstance(
+                    "no sandbox_id and no instance.image_name to create one from",
+                    instance_id=report.instance_id,
+                )
+            validate_image_reference(image)
+        else:
+            self._m.get(sandbox_id)  # NOT_FOUND for an unknown sandbox
         try:
             yield PhaseEvent("PREPARE", time.time())
             if own_sandbox:
-                image = str(instance.get("image_name") or "")
-                if not image:
-                    raise InvalidInstance(
-                        "no sandbox_id and no instance.image_name to create one from",
-                        instance_id=report.instance_id,
-                    )
                 t = time.monotonic()
                 try:
                     record = await self._m.create(
@@ -278,7 +308,12 @@ class Evaluator:
                             workdir=REPO_DIR,
                             owner="evaluate",
                             instance_id=report.instance_id,
-                            ttl_s=(timeout_s or DEFAULT_TIMEOUT_S) + 600,
+                            # Outlives the evaluation, but never past the node's longest
+                            # lifetime (a longer ttl is refused as INVALID_SANDBOX_SPEC).
+                            ttl_s=min(
+                                (timeout_s or DEFAULT_TIMEOUT_S) + 600,
+                                self._m.settings.max_ttl_s,
+                            ),
                         )
                     )
                 except SwerlError as exc:
@@ -288,8 +323,6 @@ class Evaluator:
                     return
                 sandbox_id = record.sandbox_id
                 report.sandbox_s = time.monotonic() - t
-            else:
-                self._m.get(sandbox_id)  # NOT_FOUND for an unknown sandbox, up front
             work = self._m.io_dir(sandbox_id) / f"eval-{uuid.uuid4().hex[:12]}"
             work.mkdir(parents=True)
             inside = f"{CONTAINER_IO_DIR}/{work.name}"
@@ -509,7 +542,9 @@ def grade(spec: EvalSpec, patch: bytes, test_log: bytes, report: Report) -> None
     from swebench.harness.grading import get_eval_report, get_resolution_status
 
     with tempfile.NamedTemporaryFile("wb", suffix=".log") as handle:
-        handle.write(test_log)
+        # swebench reads the log as text in the default encoding; bytes that are not UTF-8
+        # (tests print anything) would make it raise instead of grading.
+        handle.write(test_log.decode("utf-8", errors="replace").encode("utf-8"))
         handle.flush()
         prediction = {
             "instance_id": report.instance_id,

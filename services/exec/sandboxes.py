@@ -123,6 +123,8 @@ class SandboxRecord:
     shell: SandboxShell
     running: bool = True
     destroying: asyncio.Future[bool] | None = None
+    # When this node started tracking the sandbox (its container exists from then on).
+    tracked_since: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -414,6 +416,9 @@ class SandboxManager:
             self._records[sandbox_id] = record
             if spec.request_id:
                 self._by_request[spec.request_id] = sandbox_id
+            # The login shell (profile, conda activation) starts now rather than on the first
+            # command, off the agent's critical path.
+            record.shell.warm()
             log.info("sandbox.created", sandbox_id=sandbox_id, image=spec.image)
             return record
         finally:
@@ -477,7 +482,7 @@ class SandboxManager:
         running = {info.container_id for info in found if info.running}
         for record in list(self._records.values()):
             # A sandbox created while the list was being taken is not in it yet.
-            if record.create_time >= listed_at - 1.0:
+            if record.tracked_since >= listed_at - 1.0:
                 continue
             if record.running and record.destroying is None and record.container_id not in running:
                 record.running = False

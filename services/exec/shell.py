@@ -192,7 +192,7 @@ class Supervisor:
         env: Mapping[str, str],
     ) -> Supervisor:
         gen = next(_generation)
-        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", "ctl", "baton")}
+        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", "ctl", "baton", "who")}
         for path in names.values():
             _mkfifo(path)
         flags = {"in": os.O_WRONLY, "out": os.O_RDONLY, "err": os.O_RDONLY}
@@ -220,7 +220,8 @@ class Supervisor:
             sup._attach()
             boot = (
                 f"__swerl_io={CONTAINER_IO_DIR}; __swerl_ctl={inside['ctl']};"
-                f" __swerl_baton={inside['baton']}; __swerl_token={sup.token}\n".encode()
+                f" __swerl_baton={inside['baton']}; __swerl_who={inside['who']};"
+                f" __swerl_token={sup.token}\n".encode()
                 + SUPERVISOR_SCRIPT
                 + b"\n"
                 + env_script(env).encode()
@@ -228,7 +229,9 @@ class Supervisor:
             )
             await sup.write(boot)
             await asyncio.wait_for(sup._await_ready(), READY_TIMEOUT_S)
-        except (TimeoutError, asyncio.TimeoutError, OSError, EOFError) as exc:
+        except BaseException as exc:
+            # Any way out (errors, and cancellation when the sandbox is destroyed meanwhile)
+            # must unblock the threads still opening FIFOs, or they stay blocked for good.
             if sup is not None:
                 sup.close()
             else:
@@ -237,7 +240,9 @@ class Supervisor:
                         _unblock_fifo(names[key])
                 for task in opens.values():
                     with contextlib.suppress(BaseException):
-                        os.close(await task)
+                        os.close(await asyncio.shield(task))
+            if not isinstance(exc, (TimeoutError, asyncio.TimeoutError, OSError, EOFError)):
+                raise
             raise ShellUnavailable(
                 f"the sandbox's shell did not start ({type(exc).__name__}: {exc}); does the"
                 " image have bash?",
@@ -345,7 +350,7 @@ class Supervisor:
         for fd in (self.fd_in, self.fd_out, self.fd_err):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for name in ("ctl", "baton"):
+        for name in ("ctl", "baton", "who"):
             with contextlib.suppress(OSError):
                 (self.io_dir / f"{name}.{self.gen}").unlink()
 
@@ -385,6 +390,16 @@ class SandboxShell:
                 raise
             self.supervisor = sup
         return sup
+
+    def warm(self) -> None:
+        """Starts the shell in the background, so the first command does not pay for it."""
+
+        async def start() -> None:
+            with contextlib.suppress(Exception):
+                async with self.lock:
+                    await self.ensure_supervisor()
+
+        self.spawn(start())
 
     def _not_running(self) -> SandboxNotRunning:
         return SandboxNotRunning(
@@ -483,10 +498,12 @@ class CommandRun:
         self._scanner: MarkerScanner | None = None
         self._cap = OutputCap(max(spec.max_output_bytes, 2))
         self._done = asyncio.get_running_loop().create_future()
+        self._started_at = time.monotonic()
         self._finished = asyncio.Event()
         self._stdin_fifo = shell.io_dir / f"stdin.{self.nonce}" if spec.open_stdin else None
         self._stdin_fd: int | None = None
         self._stdin_ready = asyncio.Event()
+        self._opening: asyncio.Future[int] | None = None
 
     # -- consumer side --------------------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
@@ -580,8 +597,9 @@ class CommandRun:
                 self._exit_code = int(payload[2:])
                 if self._sup is not None:
                     self._sup.drain_stderr()
-                if not self._done.done():
-                    self._done.set_result(None)
+                # Finishing here, in the reader callback, hands the exit to the caller without
+                # another trip through the event loop.
+                self._finish(self._exit_code)
             elif payload == b"T":
                 self._timed_out = True
             elif payload.startswith(b"S:"):
@@ -594,6 +612,23 @@ class CommandRun:
     def _on_eof(self) -> None:
         if not self._done.done():
             self._done.set_result(None)
+
+    def _finish(self, exit_code: int) -> None:
+        if self._done.done():
+            return
+        for out_stream, chunk in self._cap.finish():
+            self._put(Output(out_stream, chunk))
+        self._put(
+            Exit(
+                exit_code=exit_code,
+                timed_out=self._timed_out,
+                output_truncated=self._cap.truncated,
+                bytes_dropped=self._cap.dropped,
+                duration_s=time.monotonic() - self._started_at,
+                signaled=self._signaled and not self._timed_out,
+            )
+        )
+        self._done.set_result(None)
 
     # -- driver ---------------------------------------------------------------------------
     async def drive(self) -> None:
@@ -609,6 +644,13 @@ class CommandRun:
             self._finished.set()
             self._stdin_ready.set()
             self._close_stdin()
+            opening = self._opening
+            if opening is not None and not opening.done() and self._stdin_fifo is not None:
+                # A thread still blocked opening the stdin FIFO returns once a reader shows up.
+                _unblock_fifo(self._stdin_fifo)
+                opening.add_done_callback(
+                    lambda f: f.cancelled() or f.exception() or os.close(f.result())
+                )
             if self._stdin_fifo is not None:
                 with contextlib.suppress(OSError):
                     self._stdin_fifo.unlink()
@@ -636,13 +678,14 @@ class CommandRun:
             ]
         )
         sup.sink, sup.on_eof = self._on_data, self._on_eof
-        started_at = time.monotonic()
+        self._started_at = time.monotonic()
         backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop, sup)
         try:
             if self._stdin_fifo is not None:
                 opening = asyncio.ensure_future(
                     asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
                 )
+                self._opening = opening
             await sup.write(line + b"\n")
             if self._stdin_fifo is not None:
                 await self._await_stdin(opening)
@@ -652,29 +695,16 @@ class CommandRun:
         finally:
             backstop.cancel()
             sup.sink = sup.on_eof = None
-        duration = time.monotonic() - started_at
-        exit_code = self._exit_code
-        if exit_code is None:
+        if self._exit_code is None:
             # The supervisor died under the command (e.g. `kill -9 $$`) or the backstop replaced
             # it; the command's process group may still be alive.
             sup.close()
             pgid = shell.current_pgid(self.nonce)
             if pgid:
                 await shell.kill_group(pgid)
-            exit_code = 137
             self._timed_out = self._timed_out or self._backstop_fired
-        for out_stream, chunk in self._cap.finish():
-            self._put(Output(out_stream, chunk))
-        self._put(
-            Exit(
-                exit_code=exit_code,
-                timed_out=self._timed_out,
-                output_truncated=self._cap.truncated,
-                bytes_dropped=self._cap.dropped,
-                duration_s=duration,
-                signaled=self._signaled and not self._timed_out,
-            )
-        )
+            self._done = loop.create_future()
+            self._finish(137)
 
     async def _await_stdin(self, opening: asyncio.Future[int]) -> None:
         done, _ = await asyncio.wait({opening, self._done}, return_when=asyncio.FIRST_COMPLETED)

@@ -24,8 +24,8 @@
 # to $__swerl_io/pgid for signals. Everything else is the command's own output, byte for byte.
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
-# __swerl_ctl and __swerl_baton (FIFOs in it for the watchdog and the workers' turn to read) and
-# __swerl_token.
+# __swerl_ctl, __swerl_baton and __swerl_who (FIFOs in it for the watchdog, the workers' turn to
+# read, and the pid of the worker that took a command) and __swerl_token.
 
 set +o history +o errexit +o nounset +o pipefail 2>/dev/null
 __swerl_dir=/tmp/.swerl
@@ -103,29 +103,34 @@ __swerl_worker() {
   # End of input means the node is gone: take the supervisor down with us.
   IFS= read -r __line || { kill -KILL "$$"; exit 0; }
   printf 'x\n' >&7
-  exec 7>&-
+  # Tell the supervisor which worker (and so which process group) runs this command.
+  printf '%d\n' "$BASHPID" >&6
+  exec 6>&- 7>&-
   eval "__swerl_command $__line"
 }
 
-# Two workers are alive at any time: the one running (or about to take) the current command and
-# the next one, already forked and queued for the baton. Idle workers never exit, so the job
-# `wait -n` returns for is the one that ran the command whose "<nonce> <pgid>" is in pgid.
+# Two workers are alive between commands: both forked ahead, one of them holding the baton. The
+# worker that takes a command line reports its pid, the supervisor waits for exactly that pid
+# (bash keeps the status of a child that already ended, so a fast command cannot be missed),
+# kills what is left of its process group, reports, and forks a replacement while the node is
+# busy with the result.
 __swerl_loop() {
   # Names start with __ so commands (forked from here) neither see nor save them as their own.
-  local __rc __n __pgid
+  local __rc __cur
+  __swerl_worker &
   __swerl_worker &
   while :; do
-    __swerl_worker &
-    wait -n 2>/dev/null
+    read -r __cur <&6
+    wait "$__cur" 2>/dev/null
     __rc=$?
     printf 'disarm\n' >&9
-    read -r __n __pgid <"$__swerl_io/pgid"
-    kill -KILL -- "-$__pgid" 2>/dev/null
+    kill -KILL -- "-$__cur" 2>/dev/null
     if [ -e "$__swerl_io/timeout" ]; then
       rm -f "$__swerl_io/timeout"
       printf '\0SWERL:%s:T\0' "$__swerl_token"
     fi
     printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$__rc"
+    __swerl_worker &
   done
 }
 
@@ -137,5 +142,5 @@ __swerl_start() {
 
 set -m
 __swerl_watchdog &
-exec 9>"$__swerl_ctl" 7<>"$__swerl_baton"
+exec 9>"$__swerl_ctl" 7<>"$__swerl_baton" 6<>"$__swerl_who"
 printf 'x\n' >&7

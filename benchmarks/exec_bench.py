@@ -1,0 +1,902 @@
+"""Exec node benchmark: gRPC Exec round trips against `docker exec`, and throughput under load.
+
+    python benchmarks/exec_bench.py [--iterations N] [--duration S] [--json OUT]
+
+Starts `swerl exec serve` as a separate process (free port, temp state dir, random token), waits
+for its health to be SERVING and creates a sandbox from the base image. Then, in one run, it
+measures and prints:
+
+  (a) the p50/p99 round trip of `echo hi` through gRPC Exec (the sync and the aio client are
+      both measured after a warm-up; the faster one is the figure),
+  (b) the same for `docker exec` through the Docker SDK (`container.exec_run`) on the same
+      container: the baseline, measured in the same run,
+  (c) their ratio (docker p50 / gRPC p50),
+  (d) aggregate commands/s with 1, 16 and 64 concurrent sessions, one sandbox per session, each
+      running `echo hi` in a loop for a fixed duration,
+
+and compares each figure with its target, PASS or MISS. It reports; it does not assert: the exit
+status is 0 whatever the figures (1 when the run itself fails, 130 when interrupted). Every
+sandbox is destroyed and the node stopped on the way out, Ctrl-C and errors included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import grpc
+import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.exec.v1 import sandbox_pb2_grpc
+
+DEFAULT_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
+COMMAND = "echo hi"
+EXPECTED_STDOUT = b"hi\n"
+
+TARGET_P50_MS = 2.0
+TARGET_RATIO = 35.0
+TARGET_CMDS_PER_S = 1000.0
+TARGET_SESSIONS = 16
+
+# Every RPC has a deadline; an Exec of `echo hi` that takes this long is a hang, not a sample.
+EXEC_DEADLINE_S = 30.0
+CREATE_DEADLINE_S = 120.0
+CREATE_CONCURRENCY = 8
+NODE_START_TIMEOUT_S = 90.0
+# A client process using this much of one core is itself the bottleneck of a throughput run.
+CLIENT_SATURATED_CORES = 0.85
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+@dataclass
+class Samples:
+    """Timed round trips, and the runs that failed (a benchmark reports failures, it does not
+    die of the first one; after MAX_FAILURES it stops the phase)."""
+
+    durations_s: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+
+MAX_FAILURES = 3
+
+
+def percentiles_ms(samples: Samples) -> dict[str, float]:
+    if not samples.durations_s:
+        raise RuntimeError(f"no successful round trips: {samples.failures}")
+    ordered = sorted(samples.durations_s)
+
+    def at(q: float) -> float:
+        # Nearest rank: the sample at or above the q-th fraction of the run.
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))] * 1e3
+
+    return {
+        "n": len(ordered),
+        "failures": len(samples.failures),
+        "p50_ms": at(0.50),
+        "p99_ms": at(0.99),
+        "mean_ms": statistics.fmean(ordered) * 1e3,
+        "min_ms": ordered[0] * 1e3,
+    }
+
+
+def show_latency(label: str, samples: Samples) -> dict[str, float]:
+    figures = percentiles_ms(samples)
+    print(
+        f"  {label:<34} p50 {figures['p50_ms']:8.3f} ms   p99 {figures['p99_ms']:8.3f} ms"
+        f"   mean {figures['mean_ms']:8.3f} ms   (n={figures['n']})",
+        flush=True,
+    )
+    for failure in samples.failures:
+        print(f"      failed: {failure}", flush=True)
+    return figures
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Machine facts
+
+
+def machine_facts(docker_client: docker.DockerClient) -> dict[str, Any]:
+    version = docker_client.version()
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "docker_server_version": version.get("Version", ""),
+        "docker_api_version": version.get("ApiVersion", ""),
+        "docker_storage_driver": docker_client.info().get("Driver", ""),
+        # Other work on the machine skews every figure; the load says whether there was any.
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+        "containers_running_at_start": len(docker_client.containers.list()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The node under test, a separate process
+
+
+@dataclass
+class NodeProcess:
+    process: subprocess.Popen[bytes]
+    address: str
+    token: str
+    node_id: str
+    log_path: Path
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.token}"),)
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_node(workdir: Path, max_sandboxes: int) -> NodeProcess:
+    port = free_port()
+    token = secrets.token_urlsafe(24)
+    node_id = "bench-" + secrets.token_hex(4)
+    log_path = workdir / "node.log"
+    argv = [
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "exec",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--node-id",
+        node_id,
+        "--state-dir",
+        str(workdir / "state"),
+        "--max-sandboxes",
+        str(max_sandboxes),
+        "--log-level",
+        "warning",
+    ]
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            # The token goes by env var so it does not show up in `ps`.
+            env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": token},
+            # Its own session: the terminal's Ctrl-C reaches only this script, which then
+            # destroys the sandboxes through the node before stopping it.
+            start_new_session=True,
+        )
+    progress(
+        f"started node {node_id} (pid {process.pid}): swerl exec serve on 127.0.0.1:{port},"
+        f" log {log_path}"
+    )
+    return NodeProcess(process, f"127.0.0.1:{port}", token, node_id, log_path)
+
+
+def wait_serving(node: NodeProcess, timeout_s: float = NODE_START_TIMEOUT_S) -> float:
+    """Polls grpc.health.v1 until the node is SERVING; returns the seconds it took."""
+    started = time.perf_counter()
+    deadline = started + timeout_s
+    with grpc.insecure_channel(node.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if node.process.poll() is not None:
+                raise RuntimeError(
+                    f"node exited with status {node.process.returncode}:\n{node.log_tail()}"
+                )
+            with contextlib.suppress(grpc.RpcError):
+                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return time.perf_counter() - started
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"node not SERVING after {timeout_s:.0f} s:\n{node.log_tail()}")
+            time.sleep(0.1)
+
+
+def stop_node(node: NodeProcess, timeout_s: float = 30.0) -> None:
+    started = time.perf_counter()
+    if node.process.poll() is None:
+        node.process.send_signal(signal.SIGTERM)
+        try:
+            node.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            progress(f"node did not stop within {timeout_s:g} s of SIGTERM; killing it")
+            node.process.kill()
+            node.process.wait(timeout=10)
+    progress(
+        f"node stopped after {time.perf_counter() - started:.1f} s"
+        f" (exit status {node.process.returncode})"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Sandboxes
+
+
+def exec_request(sandbox_id: str) -> pb.ExecRequest:
+    return pb.ExecRequest(start=pb.ExecStart(sandbox_id=sandbox_id, command=COMMAND))
+
+
+def check_echo(stdout: bytes, exit_code: int | None) -> None:
+    if exit_code != 0 or stdout != EXPECTED_STDOUT:
+        raise RuntimeError(f"`{COMMAND}` gave exit {exit_code} and stdout {stdout!r}")
+
+
+async def create_sandboxes(
+    node: NodeProcess, image: str, count: int, created: list[str], label: str
+) -> None:
+    """Creates `count` sandboxes, appending each id to `created` as soon as it exists (so the
+    cleanup sees the ones made before a failure), printing progress as they come."""
+    if count <= 0:
+        return
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        limit = asyncio.Semaphore(CREATE_CONCURRENCY)
+        started = time.perf_counter()
+        done = 0
+        step = max(1, count // 8)
+
+        async def create_one(index: int) -> None:
+            nonlocal done
+            request = pb.CreateSandboxRequest(
+                request_id=f"bench-{label}-{index}-{secrets.token_hex(4)}",
+                image=image,
+                workdir="/tmp",
+                owner="exec_bench",
+            )
+            async with limit:
+                reply = await stub.CreateSandbox(
+                    request, metadata=node.metadata, timeout=CREATE_DEADLINE_S
+                )
+            created.append(reply.sandbox.sandbox_id)
+            done += 1
+            if done % step == 0 or done == count:
+                progress(
+                    f"  created {done}/{count} {label} sandboxes"
+                    f" ({time.perf_counter() - started:.1f} s)"
+                )
+
+        await asyncio.gather(*(create_one(i) for i in range(count)))
+
+
+async def destroy_sandboxes(node: NodeProcess, sandbox_ids: Sequence[str]) -> int:
+    """Destroys sandboxes through the node; returns how many could not be destroyed."""
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        limit = asyncio.Semaphore(16)
+
+        async def destroy_one(sandbox_id: str) -> bool:
+            async with limit:
+                try:
+                    await stub.DestroySandbox(
+                        pb.DestroySandboxRequest(
+                            request_id=f"bench-destroy-{sandbox_id}", sandbox_id=sandbox_id
+                        ),
+                        metadata=node.metadata,
+                        timeout=60,
+                    )
+                    return True
+                except grpc.aio.AioRpcError as err:
+                    progress(f"  destroy {sandbox_id} failed: {err.code().name} {err.details()}")
+                    return False
+
+        results = await asyncio.gather(*(destroy_one(s) for s in sandbox_ids))
+    return results.count(False)
+
+
+def remove_leftover_containers(docker_client: docker.DockerClient, node_id: str) -> int:
+    """Backstop: removes any container of this node's label the node did not destroy (a create
+    in flight at Ctrl-C, a node that died)."""
+    leftovers = docker_client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
+    for container in leftovers:
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
+    return len(leftovers)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) gRPC round trips, sync and aio clients
+
+
+def measure_grpc_sync(node: NodeProcess, sandbox_id: str, warmup: int, iterations: int) -> Samples:
+    with grpc.insecure_channel(node.address) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+
+        def once() -> None:
+            stdout, exit_code = b"", None
+            for reply in stub.Exec(
+                iter([exec_request(sandbox_id)]), metadata=node.metadata, timeout=EXEC_DEADLINE_S
+            ):
+                kind = reply.WhichOneof("kind")
+                if kind == "output":
+                    stdout += reply.output.data
+                elif kind == "exit":
+                    exit_code = reply.exit.exit_code
+            check_echo(stdout, exit_code)
+
+        return timed(once, warmup, iterations)
+
+
+async def aio_echo(
+    stub: sandbox_pb2_grpc.SandboxServiceStub, metadata: Any, sandbox_id: str
+) -> None:
+    """One Exec of `echo hi`: the start message, half-close, then read to the exit."""
+    call = stub.Exec(metadata=metadata, timeout=EXEC_DEADLINE_S)
+    await call.write(exec_request(sandbox_id))
+    await call.done_writing()
+    stdout, exit_code = b"", None
+    async for reply in call:
+        kind = reply.WhichOneof("kind")
+        if kind == "output":
+            stdout += reply.output.data
+        elif kind == "exit":
+            exit_code = reply.exit.exit_code
+    check_echo(stdout, exit_code)
+
+
+async def measure_grpc_aio(
+    node: NodeProcess, sandbox_id: str, warmup: int, iterations: int
+) -> Samples:
+    samples = Samples()
+    async with grpc.aio.insecure_channel(node.address) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        for run in range(warmup + iterations):
+            started = time.perf_counter()
+            try:
+                await aio_echo(stub, node.metadata, sandbox_id)
+            except (grpc.RpcError, RuntimeError) as err:
+                if record_failure(samples, run, err):
+                    break
+                continue
+            if run >= warmup:
+                samples.durations_s.append(time.perf_counter() - started)
+    return samples
+
+
+def timed(once: Callable[[], None], warmup: int, iterations: int) -> Samples:
+    samples = Samples()
+    for run in range(warmup + iterations):
+        started = time.perf_counter()
+        try:
+            once()
+        except (grpc.RpcError, docker.errors.DockerException, RuntimeError) as err:
+            if record_failure(samples, run, err):
+                break
+            continue
+        if run >= warmup:
+            samples.durations_s.append(time.perf_counter() - started)
+    return samples
+
+
+def record_failure(samples: Samples, run: int, err: BaseException) -> bool:
+    """Notes a failed run; True when the phase should stop."""
+    samples.failures.append(f"run {run}: {_brief(err)}")
+    if len(samples.failures) >= MAX_FAILURES:
+        samples.failures.append(f"stopped after {MAX_FAILURES} failures")
+        return True
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) docker exec baseline
+
+
+def measure_docker_exec(
+    docker_client: docker.DockerClient, sandbox_id: str, warmup: int, iterations: int
+) -> Samples:
+    container = docker_client.containers.get(f"swerl-{sandbox_id}")
+
+    def once() -> None:
+        result = container.exec_run(COMMAND)
+        check_echo(result.output, result.exit_code)
+
+    return timed(once, warmup, iterations)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) throughput
+
+
+@dataclass
+class SessionCounts:
+    commands: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def _brief(err: BaseException) -> str:
+    # Both stacks' failures (AioRpcError, the sync _MultiThreadedRendezvous) are grpc.Call-like.
+    if isinstance(err, grpc.RpcError) and hasattr(err, "code") and hasattr(err, "details"):
+        return f"{err.code().name}: {err.details()}"
+    return repr(err)
+
+
+class CpuWindow:
+    """CPU used over a measured window: by this process, by the node (when given) and by the
+    whole machine, in cores (CPU seconds per wall second)."""
+
+    def __init__(self, node_pid: int | None = None) -> None:
+        self._node = psutil.Process(node_pid) if node_pid else None
+        self.client_cores = self.node_cores = self.host_busy_fraction = 0.0
+
+    def _node_cpu_s(self) -> float:
+        return sum(self._node.cpu_times()[:2]) if self._node else 0.0
+
+    def start(self) -> None:
+        self._wall = time.perf_counter()
+        self._own = time.process_time()  # Every thread of this process, grpc's included.
+        self._node_s = self._node_cpu_s()
+        self._host = psutil.cpu_times()
+
+    def stop(self) -> None:
+        wall = time.perf_counter() - self._wall
+        host = psutil.cpu_times()
+        total = sum(host) - sum(self._host)
+        idle = (host.idle + getattr(host, "iowait", 0.0)) - (
+            self._host.idle + getattr(self._host, "iowait", 0.0)
+        )
+        self.client_cores = (time.process_time() - self._own) / wall
+        self.node_cores = (self._node_cpu_s() - self._node_s) / wall
+        self.host_busy_fraction = (total - idle) / total if total else 0.0
+
+
+async def run_sessions(
+    address: str,
+    metadata: Any,
+    sandbox_ids: Sequence[str],
+    duration_s: float,
+    window: CpuWindow,
+    before_window: Callable[[], Awaitable[object]] | None = None,
+) -> tuple[int, list[str]]:
+    """Runs one `echo hi` loop per sandbox over one aio channel for `duration_s`; returns the
+    commands completed within the window and the errors seen.
+
+    A command still running when the window closes is waited for (up to its deadline) but not
+    counted, so one hung command cannot stretch the window and hide the others' rate.
+    """
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        # One command per session first: connections and shells warm, not in the window. A
+        # sandbox that fails it is left out of the window (and reported), not fatal.
+        warm = await asyncio.gather(
+            *(aio_echo(stub, metadata, s) for s in sandbox_ids), return_exceptions=True
+        )
+        warm_up_errors = [
+            f"{s}: warm-up failed, session left out: {_brief(w)}"
+            for s, w in zip(sandbox_ids, warm, strict=True)
+            if isinstance(w, BaseException)
+        ]
+        sandbox_ids = [s for s, w in zip(sandbox_ids, warm, strict=True) if w is None]
+        if before_window is not None:
+            await before_window()
+        sessions = [SessionCounts() for _ in sandbox_ids]
+        window.start()
+        stop_at = time.perf_counter() + duration_s
+        asyncio.get_running_loop().call_later(duration_s, window.stop)
+
+        async def loop(sandbox_id: str, counts: SessionCounts) -> None:
+            while time.perf_counter() < stop_at:
+                try:
+                    await aio_echo(stub, metadata, sandbox_id)
+                    if time.perf_counter() <= stop_at:
+                        counts.commands += 1
+                except (grpc.aio.AioRpcError, RuntimeError) as err:
+                    counts.errors.append(f"{sandbox_id}: {_brief(err)}")
+                    await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(loop(s, c) for s, c in zip(sandbox_ids, sessions, strict=True)))
+        overrun = time.perf_counter() - stop_at
+    errors = warm_up_errors + [e for c in sessions for e in c.errors]
+    if overrun > 1.0:
+        errors.append(f"the last command ended {overrun:.1f} s after the window closed")
+    return sum(c.commands for c in sessions), errors
+
+
+def _client_worker(
+    address: str,
+    metadata: Any,
+    sandbox_ids: list[str],
+    duration_s: float,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """A client process of a multi-process throughput run (started with `spawn`): warms up,
+    meets the others at the barrier, runs its sessions, reports (commands, errors, cores)."""
+    try:
+        window = CpuWindow()
+        commands, errors = asyncio.run(
+            run_sessions(
+                address,
+                metadata,
+                sandbox_ids,
+                duration_s,
+                window,
+                before_window=lambda: asyncio.to_thread(barrier.wait, 120),
+            )
+        )
+        results.put((commands, errors[:5], window.client_cores))
+    except Exception as err:
+        with contextlib.suppress(Exception):
+            barrier.abort()  # Do not leave the others waiting out the barrier's timeout.
+        results.put((0, [f"client process failed: {err!r}"], 0.0))
+
+
+@dataclass
+class ThroughputRun:
+    sessions: int
+    client_processes: int
+    commands: int
+    window_s: float
+    errors: list[str]
+    client_cores: float  # CPU cores the client process(es) used, summed.
+    node_cores: float  # CPU cores the node process used.
+    host_busy_fraction: float  # Of all the machine's cores, the share busy over the window.
+
+    @property
+    def commands_per_s(self) -> float:
+        return self.commands / self.window_s
+
+
+def throughput_in_process(
+    node: NodeProcess, sandbox_ids: Sequence[str], duration_s: float
+) -> ThroughputRun:
+    window = CpuWindow(node.process.pid)
+    commands, errors = asyncio.run(
+        run_sessions(node.address, node.metadata, sandbox_ids, duration_s, window)
+    )
+    return ThroughputRun(
+        sessions=len(sandbox_ids),
+        client_processes=1,
+        commands=commands,
+        window_s=duration_s,
+        errors=errors,
+        client_cores=window.client_cores,
+        node_cores=window.node_cores,
+        host_busy_fraction=window.host_busy_fraction,
+    )
+
+
+def throughput_multi_process(
+    node: NodeProcess, sandbox_ids: Sequence[str], duration_s: float, processes: int
+) -> ThroughputRun:
+    processes = max(1, min(processes, len(sandbox_ids)))
+    context = multiprocessing.get_context("spawn")  # grpc does not survive fork.
+    barrier = context.Barrier(processes + 1)
+    results = context.Queue()
+    workers = [
+        context.Process(
+            target=_client_worker,
+            args=(node.address, node.metadata, share, duration_s, barrier, results),
+            daemon=True,
+        )
+        for share in (list(sandbox_ids[i::processes]) for i in range(processes))
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        barrier.wait(timeout=120)
+        # The node's and the machine's CPU over the same window the client processes measure.
+        window = CpuWindow(node.process.pid)
+        window.start()
+        time.sleep(duration_s)
+        window.stop()
+        outcomes = [results.get(timeout=EXEC_DEADLINE_S + 60) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+    return ThroughputRun(
+        sessions=len(sandbox_ids),
+        client_processes=processes,
+        commands=sum(o[0] for o in outcomes),
+        window_s=duration_s,
+        errors=[e for o in outcomes for e in o[1]],
+        client_cores=sum(o[2] for o in outcomes),
+        node_cores=window.node_cores,
+        host_busy_fraction=window.host_busy_fraction,
+    )
+
+
+def show_throughput(run: ThroughputRun) -> None:
+    clients = f"{run.client_processes} client process" + ("es" if run.client_processes > 1 else "")
+    print(
+        f"  {run.sessions:>3} sessions, {clients:<19} {run.commands_per_s:9.1f} cmds/s"
+        f"  ({run.commands} in {run.window_s:g} s; client {run.client_cores:.2f} cores,"
+        f" node {run.node_cores:.2f} cores, host {run.host_busy_fraction:.0%} busy,"
+        f" {len(run.errors)} errors)",
+        flush=True,
+    )
+    for error in run.errors[:3]:
+        print(f"      error: {error}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[], None]]) -> dict:
+    docker_client = docker.from_env()
+    cleanup.append(docker_client.close)
+    facts = machine_facts(docker_client)
+    report: dict[str, Any] = {"machine": facts, "settings": vars(args).copy()}
+    report["settings"]["json"] = str(args.json) if args.json else None
+    print("machine:", flush=True)
+    for key, value in facts.items():
+        print(f"  {key:<22} {value}", flush=True)
+
+    sessions = sorted(set(args.sessions))
+    max_sessions = max(sessions)
+    node = start_node(workdir, max_sandboxes=max_sessions + 1)
+    created: list[str] = []
+
+    def stop_everything() -> None:
+        if node.process.poll() is None and created:
+            progress(f"destroying {len(created)} sandboxes")
+            failed = asyncio.run(destroy_sandboxes(node, list(created)))
+            if failed:
+                progress(f"  {failed} could not be destroyed through the node")
+        stop_node(node)
+        # At --log-level warning, anything past the "serving on" line is worth seeing.
+        logged = node.log_path.read_text(errors="replace").splitlines()[1:]
+        if logged:
+            print(f"[bench] node log, warnings and errors ({len(logged)} lines, last 40):")
+            print("\n".join("    " + line for line in logged[-40:]), flush=True)
+        removed = remove_leftover_containers(docker_client, node.node_id)
+        if removed:
+            progress(f"removed {removed} leftover containers labelled swerl.node={node.node_id}")
+
+    cleanup.append(stop_everything)
+    progress(f"node SERVING after {wait_serving(node):.2f} s")
+
+    progress(f"creating the latency sandbox from {args.image}")
+    asyncio.run(create_sandboxes(node, args.image, 1, created, "latency"))
+    latency_sandbox = created[0]
+
+    print(f"\n(a) gRPC Exec round trip of `{COMMAND}` ({args.warmup} warm-up runs first)")
+    progress("measuring the sync client")
+    sync_samples = measure_grpc_sync(node, latency_sandbox, args.warmup, args.iterations)
+    sync_figures = show_latency("sync grpc stub", sync_samples)
+    progress("measuring the aio client")
+    aio_samples = asyncio.run(measure_grpc_aio(node, latency_sandbox, args.warmup, args.iterations))
+    aio_figures = show_latency("grpc.aio stub", aio_samples)
+    client = "sync" if sync_figures["p50_ms"] <= aio_figures["p50_ms"] else "aio"
+    grpc_figures = sync_figures if client == "sync" else aio_figures
+    print(f"  -> the {client} client is faster; its figures are the gRPC figures below")
+
+    print(f"\n(b) docker exec of `{COMMAND}` via the Docker SDK on the same container")
+    progress(f"measuring container.exec_run ({args.docker_iterations} runs)")
+    docker_samples = measure_docker_exec(
+        docker_client, latency_sandbox, min(args.warmup, 10), args.docker_iterations
+    )
+    docker_figures = show_latency("docker exec_run", docker_samples)
+
+    ratio = docker_figures["p50_ms"] / grpc_figures["p50_ms"]
+    print(f"\n(c) docker exec p50 / gRPC p50 = {ratio:.1f}x")
+
+    progress(f"creating {max_sessions - 1} more sandboxes for the throughput sessions")
+    asyncio.run(create_sandboxes(node, args.image, max_sessions - 1, created, "session"))
+
+    cpus = facts["nproc"]
+    print(
+        f"\n(d) aggregate throughput: one sandbox per session, each looping `{COMMAND}`"
+        f" for {args.duration:g} s (aio client, one channel per client process)"
+    )
+    runs: dict[int, ThroughputRun] = {}  # The figure per session count: the faster setup.
+    measured: list[ThroughputRun] = []
+    for count in sessions:
+        progress(f"{count} sessions, 1 client process")
+        run = throughput_in_process(node, created[:count], args.duration)
+        show_throughput(run)
+        runs[count] = run
+        measured.append(run)
+        processes = args.client_processes
+        if processes == 0:  # auto
+            saturated = run.client_cores >= CLIENT_SATURATED_CORES
+            # Extra client processes help only with cores to spare beyond the node's own.
+            processes = min(4, cpus // 4, count) if saturated and cpus >= 4 else 1
+            if count > 1 and run.client_cores >= CLIENT_SATURATED_CORES and processes == 1:
+                print(
+                    f"      client process used {run.client_cores:.2f} cores, but with {cpus}"
+                    " CPUs more client processes would take CPU from the node: not tried"
+                )
+        if processes > 1 and count > 1:
+            progress(f"{count} sessions, {processes} client processes")
+            multi = throughput_multi_process(node, created[:count], args.duration, processes)
+            show_throughput(multi)
+            measured.append(multi)
+            if multi.commands_per_s > run.commands_per_s:
+                runs[count] = multi
+    busiest = max(measured, key=lambda r: r.client_cores / r.client_processes)
+    per_process = busiest.client_cores / busiest.client_processes
+    print(
+        f"  client: grpc.aio, one channel per process; the busiest client process used"
+        f" {per_process:.2f} cores (saturated at {CLIENT_SATURATED_CORES:g}), so the client was"
+        f" {'' if per_process >= CLIENT_SATURATED_CORES else 'not '}the bottleneck"
+    )
+    print(
+        "  figures used below: "
+        + "; ".join(
+            f"{n} sessions -> {r.commands_per_s:.1f} cmds/s with {r.client_processes} client"
+            f" process{'es' if r.client_processes > 1 else ''}"
+            for n, r in runs.items()
+        )
+    )
+
+    target_run = runs.get(TARGET_SESSIONS)
+    checks = [
+        (
+            f"gRPC Exec p50 <= {TARGET_P50_MS:g} ms",
+            f"{grpc_figures['p50_ms']:.3f} ms",
+            grpc_figures["p50_ms"] <= TARGET_P50_MS,
+        ),
+        (
+            f"docker exec p50 / gRPC p50 >= {TARGET_RATIO:g}x",
+            f"{ratio:.1f}x",
+            ratio >= TARGET_RATIO,
+        ),
+    ]
+    if target_run is not None:
+        checks.append(
+            (
+                f">= {TARGET_CMDS_PER_S:g} cmds/s at {TARGET_SESSIONS} sessions",
+                f"{target_run.commands_per_s:.1f} cmds/s",
+                target_run.commands_per_s >= TARGET_CMDS_PER_S,
+            )
+        )
+    report["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(
+        f"\nload average (1 min) at start {facts['loadavg_1m_at_start']}, at end"
+        f" {report['machine']['loadavg_1m_at_end']}: other work on the machine skews figures"
+    )
+    print("\ntargets:")
+    for name, value, ok in checks:
+        print(f"  {verdict(ok)}  {name:<36} measured {value}")
+    if target_run is None:
+        print(
+            f"  SKIP  {TARGET_SESSIONS} sessions not in --sessions: throughput target not measured"
+        )
+
+    report.update(
+        grpc_client=client,
+        grpc_sync_latency=sync_figures,
+        grpc_aio_latency=aio_figures,
+        grpc_latency=grpc_figures,
+        docker_exec_latency=docker_figures,
+        docker_over_grpc_p50=ratio,
+        throughput={
+            str(n): {
+                "commands_per_s": r.commands_per_s,
+                "commands": r.commands,
+                "window_s": r.window_s,
+                "client_processes": r.client_processes,
+                "client_cores": r.client_cores,
+                "node_cores": r.node_cores,
+                "host_busy_fraction": r.host_busy_fraction,
+                "errors": len(r.errors),
+            }
+            for n, r in runs.items()
+        },
+        targets=[{"target": n, "measured": v, "pass": ok} for n, v, ok in checks],
+    )
+    return report
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=1000, help="gRPC round trips timed")
+    parser.add_argument("--docker-iterations", type=int, default=200, help="docker execs timed")
+    parser.add_argument("--warmup", type=int, default=50, help="untimed runs before timing")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run")
+    parser.add_argument(
+        "--sessions",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 16, 64],
+        help="comma-separated session counts of the throughput runs",
+    )
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=0,
+        help="client processes for throughput runs; 0 (default) adds more only when one"
+        " client process saturates a core and the machine has cores to spare",
+    )
+    parser.add_argument("--image", default=DEFAULT_IMAGE, help="sandbox image (must be present)")
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if args.iterations < 1 or args.docker_iterations < 1 or min(args.sessions) < 1:
+        parser.error("iterations and session counts must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM (a CI timeout, `kill`) cleans up like Ctrl-C does.
+    signal.signal(signal.SIGTERM, on_sigterm)
+    workdir = Path(tempfile.mkdtemp(prefix="swerl-exec-bench-"))
+    cleanup: list[Callable[[], None]] = []
+    status = 0
+    try:
+        report = benchmark(args, workdir, cleanup)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+            progress(f"wrote {args.json}")
+    except KeyboardInterrupt:
+        print("\n[bench] interrupted", flush=True)
+        status = 130
+    except Exception:
+        print("\n[bench] benchmark failed:", flush=True)
+        traceback.print_exc()
+        status = 1
+    finally:
+        # A second Ctrl-C must not leave sandboxes behind half-way through cleaning up.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        progress("cleaning up (Ctrl-C is ignored until done)")
+        for step in reversed(cleanup):
+            try:
+                step()
+            except Exception:
+                print("[bench] cleanup step failed:", flush=True)
+                traceback.print_exc()
+                status = status or 1
+        shutil.rmtree(workdir, ignore_errors=True)
+        signal.signal(signal.SIGINT, previous)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Fixtures of the EvaluateService tests: the bundled task images, built once per session, and
+an in-process exec node on port 0 over the real dockerd with an EvaluateService client."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import docker
+import pytest
+from evaluate_testkit import BUNDLED_TASKS, TOKEN
+
+from swerl.chassis.client import make_channel
+from swerl.exec.server import ExecNode
+from swerl.exec.settings import ExecSettings
+from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2_grpc
+from swerl.tasks import build_images
+
+# exec_testkit (status assertions shared with the exec node's tests) lives in tests/exec, which
+# is not on sys.path when only this directory is collected.
+_EXEC_TESTS = str(Path(__file__).resolve().parents[1] / "exec")
+if _EXEC_TESTS not in sys.path:
+    sys.path.append(_EXEC_TESTS)
+
+
+@pytest.fixture(scope="session")
+def task_images(base_image) -> dict[str, str]:
+    """Builds (or finds) every bundled task's image once; maps instance id to image name."""
+    build_images(BUNDLED_TASKS, base_image=base_image, progress=lambda _line: None)
+    return {task.instance_id: task.image_name for task in BUNDLED_TASKS}
+
+
+class EvalNode:
+    """A running exec node and stubs for both of its services on one authenticated channel."""
+
+    def __init__(self, node: ExecNode) -> None:
+        self.node = node
+        self.manager = node.manager
+        self.address = f"127.0.0.1:{node.port}"
+        self.channel = make_channel(self.address, token=TOKEN)
+        self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
+        self.sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self.channel)
+
+
+def _containers_of(node_id: str) -> list[str]:
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
+        names = [container.name for container in found]
+        for container in found:
+            container.remove(force=True)
+        return names
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def eval_node(tmp_path, task_images) -> AsyncIterator[EvalNode]:
+    """A fresh node per test; afterwards no sandbox container of it may be left behind (the
+    evaluations create and destroy their own)."""
+    settings = ExecSettings(
+        host="127.0.0.1",
+        port=0,
+        auth_token=TOKEN,
+        node_id="test-eval-" + uuid.uuid4().hex[:8],
+        state_dir=tmp_path / "state",
+        reap_interval_s=0.5,
+        default_memory_bytes=512 << 20,
+        default_pids=256,
+        drain_grace_s=1.0,
+    )
+    node = ExecNode(settings)
+    await node.start()
+    running = EvalNode(node)
+    try:
+        yield running
+    finally:
+        await running.channel.close()
+        await node.stop(0)
+        leftover = await asyncio.to_thread(_containers_of, settings.node_id)
+    assert not leftover, f"sandbox containers leaked: {leftover}"

@@ -1,0 +1,169 @@
+"""Shared pieces of the EvaluateService tests: the bundled tasks, instance dicts as protos, and
+one Evaluate call read to its end.
+
+A plain module (not conftest) so tests import its helpers by name.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from swerl.exec.v1 import evaluate_pb2 as pb
+from swerl.exec.v1 import evaluate_pb2_grpc
+from swerl.tasks import load_tasks
+
+TOKEN = "test-token"
+# The bundled set itself, whatever SWERL_TASKS_DIR says.
+BUNDLED_TASKS_DIR = Path(__file__).resolve().parents[2] / "examples" / "tasks"
+BUNDLED_TASKS = load_tasks(BUNDLED_TASKS_DIR)
+TASKS = {task.instance_id: task for task in BUNDLED_TASKS}
+TASK_IDS = sorted(TASKS)
+# Margin of the RPC deadline over the evaluation's own timeout.
+RPC_MARGIN_S = 120.0
+
+STATUS = {v: k.removeprefix("EVALUATION_STATUS_") for k, v in pb.EvaluationStatus.items()}
+PHASE = {v: k.removeprefix("EVALUATION_PHASE_") for k, v in pb.EvaluationPhase.items()}
+APPLY_METHOD = {v: k.removeprefix("APPLY_METHOD_") for k, v in pb.ApplyMethod.items()}
+
+_TYPED_COLUMNS = {
+    "instance_id",
+    "repo",
+    "version",
+    "base_commit",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "eval_script",
+    "log_parser",
+    "eval_type",
+    "image_name",
+    "problem_statement",
+    "hints_text",
+    "environment_setup_commit",
+    "created_at",
+}
+
+
+def instance_to_pb(instance: dict[str, Any]) -> pb.SweInstance:
+    """A dataset row as the SweInstance message (string columns beyond the typed ones in extra)."""
+    return pb.SweInstance(
+        instance_id=instance["instance_id"],
+        repo=instance.get("repo", ""),
+        version=str(instance.get("version", "")),
+        base_commit=instance.get("base_commit", ""),
+        test_patch=instance.get("test_patch", ""),
+        fail_to_pass=list(instance.get("FAIL_TO_PASS", [])),
+        pass_to_pass=list(instance.get("PASS_TO_PASS", [])),
+        eval_script=instance.get("eval_script", ""),
+        log_parser=instance.get("log_parser", ""),
+        eval_type=instance.get("eval_type", ""),
+        image_name=instance.get("image_name", ""),
+        problem_statement=instance.get("problem_statement", ""),
+        hints_text=instance.get("hints_text", ""),
+        environment_setup_commit=instance.get("environment_setup_commit", ""),
+        created_at=instance.get("created_at", ""),
+        extra={k: v for k, v in instance.items() if k not in _TYPED_COLUMNS and isinstance(v, str)},
+    )
+
+
+def task_instance(instance_id: str, **changes: Any) -> dict[str, Any]:
+    """A copy of a bundled task's row with `changes` applied."""
+    instance = dict(TASKS[instance_id].instance)
+    instance.update(changes)
+    return instance
+
+
+@dataclass
+class Evaluation:
+    """Everything one Evaluate call streamed, in order."""
+
+    responses: list[pb.EvaluateResponse] = field(default_factory=list)
+
+    @property
+    def kinds(self) -> list[str]:
+        return [str(r.WhichOneof("kind")) for r in self.responses]
+
+    @property
+    def phases(self) -> list[str]:
+        return [PHASE[r.phase.phase] for r in self.responses if r.WhichOneof("kind") == "phase"]
+
+    @property
+    def logs(self) -> list[pb.EvaluationLog]:
+        return [r.log for r in self.responses if r.WhichOneof("kind") == "log"]
+
+    def log_of(self, phase: str) -> bytes:
+        return b"".join(log.data for log in self.logs if PHASE[log.phase] == phase)
+
+    @property
+    def reports(self) -> list[pb.EvaluationReport]:
+        return [r.report for r in self.responses if r.WhichOneof("kind") == "report"]
+
+    @property
+    def report(self) -> pb.EvaluationReport:
+        assert len(self.reports) == 1, f"expected exactly one report, got {len(self.reports)}"
+        assert self.kinds[-1] == "report", f"the report is not the last message: {self.kinds}"
+        return self.reports[0]
+
+    @property
+    def status(self) -> str:
+        return STATUS[self.report.status]
+
+    @property
+    def apply_method(self) -> str:
+        return APPLY_METHOD[self.report.apply_method]
+
+
+def evaluate_request(
+    instance: dict[str, Any],
+    patch: str | bytes,
+    *,
+    sandbox_id: str = "",
+    timeout_s: float = 0.0,
+    omit_logs: bool = False,
+) -> pb.EvaluateRequest:
+    request = pb.EvaluateRequest(
+        request_id=uuid.uuid4().hex,
+        sandbox_id=sandbox_id,
+        instance=instance_to_pb(instance),
+        patch=patch.encode() if isinstance(patch, str) else patch,
+        omit_logs=omit_logs,
+    )
+    request.timeout.FromNanoseconds(int(timeout_s * 1e9))
+    return request
+
+
+async def evaluate(
+    stub: evaluate_pb2_grpc.EvaluateServiceStub,
+    instance: dict[str, Any],
+    patch: str | bytes,
+    **options: Any,
+) -> Evaluation:
+    """One Evaluate call read to its end (an RPC error propagates as AioRpcError)."""
+    request = evaluate_request(instance, patch, **options)
+    deadline = (options.get("timeout_s") or 600.0) + RPC_MARGIN_S
+    evaluation = Evaluation()
+    async for response in stub.Evaluate(request, timeout=deadline):
+        evaluation.responses.append(response)
+    return evaluation
+
+
+async def evaluate_failure(
+    stub: evaluate_pb2_grpc.EvaluateServiceStub,
+    instance: dict[str, Any],
+    patch: str | bytes,
+    **options: Any,
+) -> tuple[grpc.aio.AioRpcError, list[pb.EvaluateResponse]]:
+    """An Evaluate call that must fail: its error and whatever it streamed before failing."""
+    streamed: list[pb.EvaluateResponse] = []
+    request = evaluate_request(instance, patch, **options)
+    try:
+        async for response in stub.Evaluate(request, timeout=RPC_MARGIN_S):
+            streamed.append(response)
+    except grpc.aio.AioRpcError as err:
+        return err, streamed
+    raise AssertionError(f"Evaluate succeeded, expected an error; streamed {streamed}")
