@@ -194,3 +194,38 @@ async def test_call_without_a_token_is_unauthenticated(grpcurl):
     assert detail["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
     info = error_details_pb2.ErrorInfo.FromString(base64.b64decode(detail["@value"]))
     assert info.reason == "MISSING_TOKEN"
+
+
+async def test_evaluate_of_a_bundled_task_runs_through_grpcurl(grpcurl, base_image):
+    from swerl.tasks import build_images, default_tasks_dir, load_task
+
+    task = load_task(default_tasks_dir() / "swerl-examples__listutils-14")
+    await asyncio.to_thread(build_images, [task], base_image=base_image, progress=lambda *_: None)
+    i = task.instance
+    request = {
+        "instance": {
+            "instance_id": i["instance_id"],
+            "repo": i["repo"],
+            "version": i["version"],
+            "base_commit": i["base_commit"],
+            "test_patch": i["test_patch"],
+            "fail_to_pass": i["FAIL_TO_PASS"],
+            "pass_to_pass": i["PASS_TO_PASS"],
+            "eval_script": i["eval_script"],
+            "log_parser": i["log_parser"],
+            "image_name": task.image_name,
+        },
+        "patch": base64.b64encode(task.gold_patch.encode()).decode(),
+        "omit_logs": True,
+    }
+    responses = json_messages(
+        await grpcurl.ok(
+            "swerl.exec.v1.EvaluateService/Evaluate",
+            flags=("-d", "@"),
+            stdin=json.dumps(request),
+        )
+    )
+    report = responses[-1]["report"]
+    assert report["status"] == "EVALUATION_STATUS_RESOLVED_FULL"
+    assert report["apply_method"] == "APPLY_METHOD_GIT_APPLY"
+    assert sorted(report["fail_to_pass"]["success"]) == sorted(i["FAIL_TO_PASS"])
