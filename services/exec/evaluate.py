@@ -456,10 +456,14 @@ class Evaluator:
                     report.patch_applied, report.apply_method = True, method
                     break
                 first_error = first_error or output
-                # Back to a clean tree at the base commit before the next method.
-                await step(
-                    f"cd {REPO_DIR} && git reset --hard -q HEAD && git clean -fdq", "APPLY_PATCH"
-                )
+                # Back to a clean tree at the base commit before the next method. A failed plain
+                # `git apply` is atomic (it changed nothing), and after the last method there is
+                # no next one.
+                if method != "GIT_APPLY" and method != attempts[-1][0]:
+                    await step(
+                        f"cd {REPO_DIR} && git reset --hard -q HEAD && git clean -fdq",
+                        "APPLY_PATCH",
+                    )
             for event in flush():
                 yield event
             report.apply_s = time.monotonic() - t
