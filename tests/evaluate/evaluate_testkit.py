@@ -16,6 +16,7 @@ import grpc
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.tasks import load_tasks
+from swerl.validate import instance_to_pb
 
 TOKEN = "test-token"
 # The bundled set itself, whatever SWERL_TASKS_DIR says.
@@ -29,46 +30,6 @@ RPC_MARGIN_S = 120.0
 STATUS = {v: k.removeprefix("EVALUATION_STATUS_") for k, v in pb.EvaluationStatus.items()}
 PHASE = {v: k.removeprefix("EVALUATION_PHASE_") for k, v in pb.EvaluationPhase.items()}
 APPLY_METHOD = {v: k.removeprefix("APPLY_METHOD_") for k, v in pb.ApplyMethod.items()}
-
-_TYPED_COLUMNS = {
-    "instance_id",
-    "repo",
-    "version",
-    "base_commit",
-    "test_patch",
-    "FAIL_TO_PASS",
-    "PASS_TO_PASS",
-    "eval_script",
-    "log_parser",
-    "eval_type",
-    "image_name",
-    "problem_statement",
-    "hints_text",
-    "environment_setup_commit",
-    "created_at",
-}
-
-
-def instance_to_pb(instance: dict[str, Any]) -> pb.SweInstance:
-    """A dataset row as the SweInstance message (string columns beyond the typed ones in extra)."""
-    return pb.SweInstance(
-        instance_id=instance["instance_id"],
-        repo=instance.get("repo", ""),
-        version=str(instance.get("version", "")),
-        base_commit=instance.get("base_commit", ""),
-        test_patch=instance.get("test_patch", ""),
-        fail_to_pass=list(instance.get("FAIL_TO_PASS", [])),
-        pass_to_pass=list(instance.get("PASS_TO_PASS", [])),
-        eval_script=instance.get("eval_script", ""),
-        log_parser=instance.get("log_parser", ""),
-        eval_type=instance.get("eval_type", ""),
-        image_name=instance.get("image_name", ""),
-        problem_statement=instance.get("problem_statement", ""),
-        hints_text=instance.get("hints_text", ""),
-        environment_setup_commit=instance.get("environment_setup_commit", ""),
-        created_at=instance.get("created_at", ""),
-        extra={k: v for k, v in instance.items() if k not in _TYPED_COLUMNS and isinstance(v, str)},
-    )
 
 
 def task_instance(instance_id: str, **changes: Any) -> dict[str, Any]:
