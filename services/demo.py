@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
 import time
-from pathlib import Path
 
-from swerl.chassis.client import make_channel
 from swerl.exec.client import SandboxClient
-from swerl.exec.server import ExecNode
-from swerl.exec.settings import ExecSettings
+from swerl.exec.server import local_node
 from swerl.exec.v1 import sandbox_pb2 as pb
 
 DEFAULT_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
@@ -28,18 +24,8 @@ def _say(step: str, detail: str = "") -> None:
 
 
 async def run_demo(image: str = DEFAULT_IMAGE) -> int:
-    with tempfile.TemporaryDirectory(prefix="swerl-demo-") as state:
-        settings = ExecSettings(
-            host="127.0.0.1",
-            port=0,
-            insecure=True,
-            node_id=f"demo-{os.getpid()}",
-            state_dir=Path(state),
-            log_level="warning",
-        )
-        node = ExecNode(settings)
-        port = await node.start()
-        channel = make_channel(f"127.0.0.1:{port}")
+    async with local_node("demo") as (node, channel):
+        port = node.port
         client = SandboxClient(channel)
         sandbox_id = ""
         try:
@@ -116,8 +102,6 @@ async def run_demo(image: str = DEFAULT_IMAGE) -> int:
                     pb.DestroySandboxRequest(sandbox_id=sandbox_id), timeout=60
                 )
                 _say("DestroySandbox", f"existed={response.existed}; nothing left behind")
-            await channel.close()
-            await node.stop(0)
     return 0
 
 

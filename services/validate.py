@@ -10,13 +10,10 @@ in-process on the local dockerd; `--node` points at a running one instead.
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
@@ -178,28 +175,11 @@ async def run_local(
     timeout_s: float,
 ) -> list[Check]:
     """Builds the task images (unless told not to) and validates on an in-process node."""
-    from swerl.chassis.client import make_channel
-    from swerl.exec.server import ExecNode
-    from swerl.exec.settings import ExecSettings
+    from swerl.exec.server import local_node
     from swerl.tasks import build_images
 
     if build:
         await asyncio.to_thread(build_images, tasks, base_image=base_image)
-    with tempfile.TemporaryDirectory(prefix="swerl-validate-") as state:
-        settings = ExecSettings(
-            host="127.0.0.1",
-            port=0,
-            insecure=True,
-            node_id=f"validate-{os.getpid()}",
-            state_dir=Path(state),
-            log_level="warning",
-        )
-        node = ExecNode(settings)
-        port = await node.start()
-        channel = make_channel(f"127.0.0.1:{port}")
-        try:
-            stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
-            return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)
-        finally:
-            await channel.close()
-            await node.stop(0)
+    async with local_node("validate") as (_, channel):
+        stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
+        return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf import duration_pb2
 
+from swerl.chassis.timeconv import duration_pb as duration
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
@@ -27,12 +27,6 @@ class ExecResult:
     def output(self) -> bytes:
         """stdout then stderr (the order of interleaving is not kept across streams)."""
         return self.stdout + self.stderr
-
-
-def duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
 
 
 def exec_start(

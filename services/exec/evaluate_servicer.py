@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from google.protobuf import duration_pb2, timestamp_pb2
-
+from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.evaluate import Evaluator, LogEvent, PhaseEvent, Report
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
@@ -34,12 +33,6 @@ def instance_from_pb(message: pb.SweInstance) -> dict:
     return instance
 
 
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
-
-
 def report_to_pb(report: Report) -> pb.EvaluationReport:
     return pb.EvaluationReport(
         instance_id=report.instance_id,
@@ -49,10 +42,10 @@ def report_to_pb(report: Report) -> pb.EvaluationReport:
         fail_to_pass=pb.TestOutcomes(success=report.f2p_success, failure=report.f2p_failure),
         pass_to_pass=pb.TestOutcomes(success=report.p2p_success, failure=report.p2p_failure),
         test_exit_code=report.test_exit_code,
-        total_duration=_duration(report.total_s),
-        apply_duration=_duration(report.apply_s),
-        tests_duration=_duration(report.tests_s),
-        grade_duration=_duration(report.grade_s),
+        total_duration=duration_pb(report.total_s),
+        apply_duration=duration_pb(report.apply_s),
+        tests_duration=duration_pb(report.tests_s),
+        grade_duration=duration_pb(report.grade_s),
         error_reason=report.error_reason,
         error_message=report.error_message,
         failed_phase=(
@@ -74,7 +67,7 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
             instance_from_pb(request.instance),
             request.patch,
             sandbox_id=request.sandbox_id,
-            timeout_s=request.timeout.seconds + request.timeout.nanos / 1e9,
+            timeout_s=seconds_of(request.timeout),
             omit_logs=request.omit_logs,
             request_id=request.request_id,
         )
@@ -88,12 +81,10 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
                     )
                 )
             elif isinstance(event, PhaseEvent):
-                ts = timestamp_pb2.Timestamp()
-                ts.FromNanoseconds(int(event.time * 1e9))
                 yield pb.EvaluateResponse(
                     phase=pb.EvaluationPhaseChange(
                         phase=pb.EvaluationPhase.Value("EVALUATION_PHASE_" + event.phase),
-                        start_time=ts,
+                        start_time=timestamp_pb(event.time),
                     )
                 )
             elif isinstance(event, Report):

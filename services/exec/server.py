@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
 
 from swerl.chassis.server import GrpcServer
 from swerl.exec.docker_backend import DockerBackend
@@ -61,3 +68,27 @@ class ExecNode:
 
     async def serve_until_signal(self) -> None:
         await self.server.serve_until_signal()
+
+
+@contextlib.asynccontextmanager
+async def local_node(purpose: str) -> AsyncIterator[tuple[ExecNode, grpc.aio.Channel]]:
+    """An insecure loopback exec node with a throwaway state dir, for tools (demo, validate)."""
+    from swerl.chassis.client import make_channel
+
+    with tempfile.TemporaryDirectory(prefix=f"swerl-{purpose}-") as state:
+        settings = ExecSettings(
+            host="127.0.0.1",
+            port=0,
+            insecure=True,
+            node_id=f"{purpose}-{os.getpid()}",
+            state_dir=Path(state),
+            log_level="warning",
+        )
+        node = ExecNode(settings)
+        port = await node.start()
+        channel = make_channel(f"127.0.0.1:{port}")
+        try:
+            yield node, channel
+        finally:
+            await channel.close()
+            await node.stop(0)

@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
 
+from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
 from swerl.exec.shell import CommandSpec, Exit, Output, Started
@@ -29,22 +29,6 @@ _PULL_STATUS = {
 }
 
 
-def _seconds(d: duration_pb2.Duration) -> float:
-    return d.seconds + d.nanos / 1e9
-
-
-def _timestamp(t: float) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(t * 1e9))
-    return ts
-
-
-def _duration(s: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(s * 1e9))
-    return d
-
-
 def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
     return pb.Sandbox(
         sandbox_id=record.sandbox_id,
@@ -52,8 +36,8 @@ def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
         workdir=record.workdir,
         state=pb.SANDBOX_STATE_RUNNING if record.running else pb.SANDBOX_STATE_EXITED,
         labels=record.labels,
-        create_time=_timestamp(record.create_time),
-        expire_time=_timestamp(record.expire_time),
+        create_time=timestamp_pb(record.create_time),
+        expire_time=timestamp_pb(record.expire_time),
         lease_id=record.lease_id,
         owner=record.owner,
         instance_id=record.instance_id,
@@ -88,7 +72,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 resources=Resources(res.cpus, res.memory_bytes, res.pids),
                 network=_NETWORK_TO_DOMAIN.get(request.network, "invalid"),
                 labels=dict(request.labels),
-                ttl_s=_seconds(request.ttl),
+                ttl_s=seconds_of(request.ttl),
                 lease_id=request.lease_id,
                 owner=request.owner,
                 instance_id=request.instance_id,
@@ -116,7 +100,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 command=start.command,
                 cwd=start.cwd,
                 env=dict(start.env),
-                timeout_s=_seconds(start.timeout),
+                timeout_s=seconds_of(start.timeout),
                 max_output_bytes=start.max_output_bytes,
                 session=start.mode == pb.EXEC_MODE_SESSION,
                 open_stdin=start.open_stdin,
@@ -144,7 +128,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                             exit_code=event.exit_code,
                             timed_out=event.timed_out,
                             output_truncated=event.output_truncated,
-                            duration=_duration(event.duration_s),
+                            duration=duration_pb(event.duration_s),
                             bytes_dropped=event.bytes_dropped,
                             signaled=event.signaled,
                         )
@@ -182,7 +166,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def RenewSandbox(
         self, request: pb.RenewSandboxRequest, context
     ) -> pb.RenewSandboxResponse:
-        record = await self._m.renew(request.sandbox_id, _seconds(request.ttl))
+        record = await self._m.renew(request.sandbox_id, seconds_of(request.ttl))
         return pb.RenewSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
     async def DestroySandbox(
@@ -218,7 +202,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     image_id=row.get("Id", ""),
                     repo_tags=[t for t in row.get("RepoTags") or [] if t != "<none>:<none>"],
                     size_bytes=int(row.get("Size", 0) or 0),
-                    create_time=_timestamp(float(row.get("Created", 0) or 0)),
+                    create_time=timestamp_pb(float(row.get("Created", 0) or 0)),
                 )
                 for row in rows
             ]
@@ -250,7 +234,7 @@ def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
             status=_PULL_STATUS[event.status],
             reason=event.reason,
             message=event.message,
-            duration=_duration(event.duration_s),
+            duration=duration_pb(event.duration_s),
         )
     )
 
