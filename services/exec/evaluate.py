@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import shutil
 import tempfile
@@ -107,10 +108,6 @@ class Report:
     error_message: str = ""
     failed_phase: str = ""
 
-    @property
-    def resolved(self) -> bool:
-        return self.status == "RESOLVED_FULL"
-
 
 Event = PhaseEvent | LogEvent | Report
 
@@ -129,8 +126,6 @@ class EvalSpec:
 
 
 def _as_list(value: Any) -> list[str]:
-    import json
-
     if isinstance(value, str):
         value = json.loads(value) if value.strip() else []
     return [str(v) for v in value or []]
@@ -278,7 +273,6 @@ class Evaluator:
         sandbox_id: str = "",
         timeout_s: float = 0.0,
         omit_logs: bool = False,
-        request_id: str = "",
     ) -> AsyncIterator[Event]:
         spec = build_eval_spec(instance)  # bad input fails the call before anything streams
         started = time.monotonic()

@@ -69,7 +69,6 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
             sandbox_id=request.sandbox_id,
             timeout_s=seconds_of(request.timeout),
             omit_logs=request.omit_logs,
-            request_id=request.request_id,
         )
         async for event in events:
             if isinstance(event, LogEvent):

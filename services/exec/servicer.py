@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import grpc
-
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
@@ -237,6 +235,3 @@ def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
             duration=duration_pb(event.duration_s),
         )
     )
-
-
-__all__ = ["SandboxServicer", "grpc"]
