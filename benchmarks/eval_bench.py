@@ -27,20 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
-import platform
-import re
 import secrets
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,7 +40,16 @@ from typing import Any
 
 import docker
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from benchkit import (
+    Node,
+    machine_facts,
+    progress,
+    raise_interrupt,
+    run_main,
+    shutdown_node,
+    start_node,
+    wait_serving,
+)
 
 from swerl.exec.v1 import evaluate_pb2, evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from swerl.tasks import TaskInstance, build_images, default_tasks_dir, load_tasks
@@ -63,17 +64,12 @@ EVALUATE_TIMEOUT_S = 600.0
 EVALUATE_DEADLINE_S = EVALUATE_TIMEOUT_S + 120.0
 CREATE_DEADLINE_S = 120.0
 DESTROY_DEADLINE_S = 60.0
-NODE_START_TIMEOUT_S = 90.0
 # Marks the baseline containers, so a sweep at exit finds any a Ctrl-C left behind.
 BASELINE_LABEL = "swerl.eval_bench"
 
 _STATUS = {
     v: k.removeprefix("EVALUATION_STATUS_") for k, v in evaluate_pb2.EvaluationStatus.items()
 }
-
-
-def progress(message: str) -> None:
-    print(f"[bench] {message}", flush=True)
 
 
 def ms(seconds: float) -> float:
@@ -155,126 +151,6 @@ class TaskFigures:
 
     def p50(self, kind: str, attr: str) -> float:
         return median([getattr(s, attr) for s in getattr(self, kind)])
-
-
-# ---------------------------------------------------------------------------------------------
-# Machine facts
-
-
-def machine_facts(docker_client: docker.DockerClient) -> dict[str, Any]:
-    version = docker_client.version()
-    info = docker_client.info()
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "docker_server_version": version.get("Version", ""),
-        "docker_storage_driver": info.get("Driver", ""),
-        # Other work on the machine skews every figure; the load says whether there was any.
-        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
-        "containers_running_at_start": info.get("ContainersRunning", 0),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The node under test, a separate process
-
-
-@dataclass
-class Node:
-    process: subprocess.Popen[bytes]
-    node_id: str
-    token: str
-    log_path: Path
-    address: str = ""
-
-    @property
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),)
-
-    def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
-
-
-def start_node(workdir: Path) -> Node:
-    token = secrets.token_urlsafe(24)
-    node_id = "evalbench-" + secrets.token_hex(4)
-    log_path = workdir / "node.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "swerl.cli",
-        "exec",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--node-id",
-        node_id,
-        "--state-dir",
-        str(workdir / "state"),
-        "--log-level",
-        "warning",
-    ]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            # By env var, so the token does not show up in `ps`.
-            env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": token},
-            # Its own session: Ctrl-C reaches only this script, which then removes the
-            # sandboxes through the node before stopping it.
-            start_new_session=True,
-        )
-    progress(f"started node {node_id} (pid {process.pid}): swerl exec serve, log {log_path}")
-    return Node(process, node_id, token, log_path)
-
-
-def wait_serving(node: Node, timeout_s: float = NODE_START_TIMEOUT_S) -> float:
-    """Reads the port from the node's "serving on" line, then polls grpc.health.v1 until it is
-    SERVING; returns the seconds it took."""
-    started = time.perf_counter()
-    deadline = started + timeout_s
-    while not node.address:
-        if node.process.poll() is not None:
-            raise RuntimeError(f"node exited ({node.process.returncode}):\n{node.log_tail()}")
-        with contextlib.suppress(OSError):
-            found = re.search(r"serving on (\S+):(\d+)", node.log_path.read_text(errors="replace"))
-            if found:
-                node.address = f"127.0.0.1:{found.group(2)}"
-                break
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"node printed no port in {timeout_s:.0f} s:\n{node.log_tail()}")
-        time.sleep(0.05)
-    with grpc.insecure_channel(node.address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while True:
-            with contextlib.suppress(grpc.RpcError):
-                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return time.perf_counter() - started
-            if node.process.poll() is not None:
-                raise RuntimeError(f"node exited ({node.process.returncode}):\n{node.log_tail()}")
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"node not SERVING after {timeout_s:.0f} s:\n{node.log_tail()}")
-            time.sleep(0.1)
-
-
-def stop_node(node: Node) -> None:
-    if node.process.poll() is None:
-        node.process.send_signal(signal.SIGTERM)
-        try:
-            node.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            progress("node did not stop within 30 s of SIGTERM; killing it")
-            node.process.kill()
-            node.process.wait(timeout=10)
-    progress(f"node stopped (exit status {node.process.returncode})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,16 +268,6 @@ def docker_create_start(
     container.remove(force=True)
     removed = time.perf_counter()
     return DockerSample(created - started, running - created, removed - running)
-
-
-def remove_leftover_containers(docker_client: docker.DockerClient, filters: dict) -> int:
-    """Backstop: force-removes containers matching `filters` that escaped the normal cleanup
-    (a create in flight at Ctrl-C, a node that died)."""
-    leftovers = docker_client.containers.list(all=True, filters=filters)
-    for container in leftovers:
-        with contextlib.suppress(docker.errors.APIError):
-            container.remove(force=True)
-    return len(leftovers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,7 +487,7 @@ def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[]
 
     run_label = secrets.token_hex(6)
     live_sandboxes: set[str] = set()
-    node = start_node(workdir)
+    node = start_node(workdir, "evalbench-")
 
     def stop_everything() -> None:
         if node.process.poll() is None and node.address and live_sandboxes:
@@ -629,16 +495,7 @@ def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[]
             failed = asyncio.run(destroy_all(node, sorted(live_sandboxes)))
             if failed:
                 progress(f"  {failed} could not be destroyed through the node")
-        stop_node(node)
-        # At --log-level warning, anything past the "serving on" line is worth seeing.
-        logged = node.log_path.read_text(errors="replace").splitlines()[1:]
-        if logged:
-            print(f"[bench] node log, warnings and errors ({len(logged)} lines, last 40):")
-            print("\n".join("    " + line for line in logged[-40:]), flush=True)
-        for filters in ({"label": f"swerl.node={node.node_id}"}, {"label": BASELINE_LABEL}):
-            removed = remove_leftover_containers(docker_client, filters)
-            if removed:
-                progress(f"removed {removed} leftover containers ({filters['label']})")
+        shutdown_node(node, docker_client, [BASELINE_LABEL])
 
     cleanup.append(stop_everything)
     ready_s = wait_serving(node)
@@ -714,44 +571,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    # Outside the measuring loop (which cancels itself on SIGTERM), SIGTERM acts as Ctrl-C.
-    signal.signal(signal.SIGTERM, raise_interrupt)
-    workdir = Path(tempfile.mkdtemp(prefix="swerl-eval-bench-"))
-    cleanup: list[Callable[[], None]] = []
-    status = 0
-    try:
-        report = benchmark(args, workdir, cleanup)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
-            progress(f"wrote {args.json}")
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("\n[bench] interrupted", flush=True)
-        status = 130
-    except Exception:
-        print("\n[bench] benchmark failed:", flush=True)
-        traceback.print_exc()
-        status = 1
-    finally:
-        # A second Ctrl-C must not leave sandboxes behind half-way through cleaning up.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        progress("cleaning up (Ctrl-C is ignored until done)")
-        for step in reversed(cleanup):
-            try:
-                step()
-            except Exception:
-                print("[bench] cleanup step failed:", flush=True)
-                traceback.print_exc()
-                status = status or 1
-        shutil.rmtree(workdir, ignore_errors=True)
-        signal.signal(signal.SIGINT, previous)
-    return status
+    return run_main(parse_args(argv), benchmark, "swerl-eval-bench-")
 
 
 if __name__ == "__main__":

@@ -24,20 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
-import platform
 import secrets
-import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +38,15 @@ from typing import Any
 import docker
 import grpc
 import psutil
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from benchkit import (
+    Node,
+    machine_facts,
+    progress,
+    run_main,
+    shutdown_node,
+    start_node,
+    wait_serving,
+)
 
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
@@ -64,7 +64,6 @@ TARGET_SESSIONS = 16
 EXEC_DEADLINE_S = 30.0
 CREATE_DEADLINE_S = 120.0
 CREATE_CONCURRENCY = 8
-NODE_START_TIMEOUT_S = 90.0
 # A client process using this much of one core is itself the bottleneck of a throughput run.
 CLIENT_SATURATED_CORES = 0.85
 
@@ -116,145 +115,6 @@ def show_latency(label: str, samples: Samples) -> dict[str, float]:
     return figures
 
 
-def progress(message: str) -> None:
-    print(f"[bench] {message}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Machine facts
-
-
-def machine_facts(docker_client: docker.DockerClient) -> dict[str, Any]:
-    version = docker_client.version()
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "nproc": len(os.sched_getaffinity(0)),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "grpcio": grpc.__version__,
-        "docker_server_version": version.get("Version", ""),
-        "docker_api_version": version.get("ApiVersion", ""),
-        "docker_storage_driver": docker_client.info().get("Driver", ""),
-        # Other work on the machine skews every figure; the load says whether there was any.
-        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
-        "containers_running_at_start": len(docker_client.containers.list()),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The node under test, a separate process
-
-
-@dataclass
-class NodeProcess:
-    process: subprocess.Popen[bytes]
-    address: str
-    token: str
-    node_id: str
-    log_path: Path
-
-    @property
-    def metadata(self) -> tuple[tuple[str, str], ...]:
-        return (("authorization", f"Bearer {self.token}"),)
-
-    def log_tail(self, lines: int = 30) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_node(workdir: Path, max_sandboxes: int) -> NodeProcess:
-    port = free_port()
-    token = secrets.token_urlsafe(24)
-    node_id = "bench-" + secrets.token_hex(4)
-    log_path = workdir / "node.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "swerl.cli",
-        "exec",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--node-id",
-        node_id,
-        "--state-dir",
-        str(workdir / "state"),
-        "--max-sandboxes",
-        str(max_sandboxes),
-        "--log-level",
-        "warning",
-    ]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            # The token goes by env var so it does not show up in `ps`.
-            env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": token},
-            # Its own session: the terminal's Ctrl-C reaches only this script, which then
-            # destroys the sandboxes through the node before stopping it.
-            start_new_session=True,
-        )
-    progress(
-        f"started node {node_id} (pid {process.pid}): swerl exec serve on 127.0.0.1:{port},"
-        f" log {log_path}"
-    )
-    return NodeProcess(process, f"127.0.0.1:{port}", token, node_id, log_path)
-
-
-def wait_serving(node: NodeProcess, timeout_s: float = NODE_START_TIMEOUT_S) -> float:
-    """Polls grpc.health.v1 until the node is SERVING; returns the seconds it took."""
-    started = time.perf_counter()
-    deadline = started + timeout_s
-    with grpc.insecure_channel(node.address) as channel:
-        health = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if node.process.poll() is not None:
-                raise RuntimeError(
-                    f"node exited with status {node.process.returncode}:\n{node.log_tail()}"
-                )
-            with contextlib.suppress(grpc.RpcError):
-                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return time.perf_counter() - started
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"node not SERVING after {timeout_s:.0f} s:\n{node.log_tail()}")
-            time.sleep(0.1)
-
-
-def stop_node(node: NodeProcess, timeout_s: float = 30.0) -> None:
-    started = time.perf_counter()
-    if node.process.poll() is None:
-        node.process.send_signal(signal.SIGTERM)
-        try:
-            node.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            progress(f"node did not stop within {timeout_s:g} s of SIGTERM; killing it")
-            node.process.kill()
-            node.process.wait(timeout=10)
-    progress(
-        f"node stopped after {time.perf_counter() - started:.1f} s"
-        f" (exit status {node.process.returncode})"
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # Sandboxes
 
@@ -269,7 +129,7 @@ def check_echo(stdout: bytes, exit_code: int | None) -> None:
 
 
 async def create_sandboxes(
-    node: NodeProcess, image: str, count: int, created: list[str], label: str
+    node: Node, image: str, count: int, created: list[str], label: str
 ) -> None:
     """Creates `count` sandboxes, appending each id to `created` as soon as it exists (so the
     cleanup sees the ones made before a failure), printing progress as they come."""
@@ -305,7 +165,7 @@ async def create_sandboxes(
         await asyncio.gather(*(create_one(i) for i in range(count)))
 
 
-async def destroy_sandboxes(node: NodeProcess, sandbox_ids: Sequence[str]) -> int:
+async def destroy_sandboxes(node: Node, sandbox_ids: Sequence[str]) -> int:
     """Destroys sandboxes through the node; returns how many could not be destroyed."""
     async with grpc.aio.insecure_channel(node.address) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
@@ -330,21 +190,11 @@ async def destroy_sandboxes(node: NodeProcess, sandbox_ids: Sequence[str]) -> in
     return results.count(False)
 
 
-def remove_leftover_containers(docker_client: docker.DockerClient, node_id: str) -> int:
-    """Backstop: removes any container of this node's label the node did not destroy (a create
-    in flight at Ctrl-C, a node that died)."""
-    leftovers = docker_client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
-    for container in leftovers:
-        with contextlib.suppress(docker.errors.APIError):
-            container.remove(force=True)
-    return len(leftovers)
-
-
 # ---------------------------------------------------------------------------------------------
 # (a) gRPC round trips, sync and aio clients
 
 
-def measure_grpc_sync(node: NodeProcess, sandbox_id: str, warmup: int, iterations: int) -> Samples:
+def measure_grpc_sync(node: Node, sandbox_id: str, warmup: int, iterations: int) -> Samples:
     with grpc.insecure_channel(node.address) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
 
@@ -380,9 +230,7 @@ async def aio_echo(
     check_echo(stdout, exit_code)
 
 
-async def measure_grpc_aio(
-    node: NodeProcess, sandbox_id: str, warmup: int, iterations: int
-) -> Samples:
+async def measure_grpc_aio(node: Node, sandbox_id: str, warmup: int, iterations: int) -> Samples:
     samples = Samples()
     async with grpc.aio.insecure_channel(node.address) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
@@ -583,7 +431,7 @@ class ThroughputRun:
 
 
 def throughput_in_process(
-    node: NodeProcess, sandbox_ids: Sequence[str], duration_s: float
+    node: Node, sandbox_ids: Sequence[str], duration_s: float
 ) -> ThroughputRun:
     window = CpuWindow(node.process.pid)
     commands, errors = asyncio.run(
@@ -602,7 +450,7 @@ def throughput_in_process(
 
 
 def throughput_multi_process(
-    node: NodeProcess, sandbox_ids: Sequence[str], duration_s: float, processes: int
+    node: Node, sandbox_ids: Sequence[str], duration_s: float, processes: int
 ) -> ThroughputRun:
     processes = max(1, min(processes, len(sandbox_ids)))
     context = multiprocessing.get_context("spawn")  # grpc does not survive fork.
@@ -667,7 +515,7 @@ def verdict(ok: bool) -> str:
 def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[], None]]) -> dict:
     docker_client = docker.from_env()
     cleanup.append(docker_client.close)
-    facts = machine_facts(docker_client)
+    facts = machine_facts(docker_client, hardware=True)
     report: dict[str, Any] = {"machine": facts, "settings": vars(args).copy()}
     report["settings"]["json"] = str(args.json) if args.json else None
     print("machine:", flush=True)
@@ -676,7 +524,7 @@ def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[]
 
     sessions = sorted(set(args.sessions))
     max_sessions = max(sessions)
-    node = start_node(workdir, max_sandboxes=max_sessions + 1)
+    node = start_node(workdir, "bench-", ["--max-sandboxes", str(max_sessions + 1)], pick_port=True)
     created: list[str] = []
 
     def stop_everything() -> None:
@@ -685,15 +533,7 @@ def benchmark(args: argparse.Namespace, workdir: Path, cleanup: list[Callable[[]
             failed = asyncio.run(destroy_sandboxes(node, list(created)))
             if failed:
                 progress(f"  {failed} could not be destroyed through the node")
-        stop_node(node)
-        # At --log-level warning, anything past the "serving on" line is worth seeing.
-        logged = node.log_path.read_text(errors="replace").splitlines()[1:]
-        if logged:
-            print(f"[bench] node log, warnings and errors ({len(logged)} lines, last 40):")
-            print("\n".join("    " + line for line in logged[-40:]), flush=True)
-        removed = remove_leftover_containers(docker_client, node.node_id)
-        if removed:
-            progress(f"removed {removed} leftover containers labelled swerl.node={node.node_id}")
+        shutdown_node(node, docker_client)
 
     cleanup.append(stop_everything)
     progress(f"node SERVING after {wait_serving(node):.2f} s")
@@ -859,43 +699,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    # SIGTERM (a CI timeout, `kill`) cleans up like Ctrl-C does.
-    signal.signal(signal.SIGTERM, on_sigterm)
-    workdir = Path(tempfile.mkdtemp(prefix="swerl-exec-bench-"))
-    cleanup: list[Callable[[], None]] = []
-    status = 0
-    try:
-        report = benchmark(args, workdir, cleanup)
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
-            progress(f"wrote {args.json}")
-    except KeyboardInterrupt:
-        print("\n[bench] interrupted", flush=True)
-        status = 130
-    except Exception:
-        print("\n[bench] benchmark failed:", flush=True)
-        traceback.print_exc()
-        status = 1
-    finally:
-        # A second Ctrl-C must not leave sandboxes behind half-way through cleaning up.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        progress("cleaning up (Ctrl-C is ignored until done)")
-        for step in reversed(cleanup):
-            try:
-                step()
-            except Exception:
-                print("[bench] cleanup step failed:", flush=True)
-                traceback.print_exc()
-                status = status or 1
-        shutil.rmtree(workdir, ignore_errors=True)
-        signal.signal(signal.SIGINT, previous)
-    return status
+    return run_main(parse_args(argv), benchmark, "swerl-exec-bench-")
 
 
 if __name__ == "__main__":
