@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -82,6 +83,10 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if all(check.ok for check in checks) else 1
 
 
+# Packages that add subcommands through a `register(subparsers)` function in their `cli` module.
+_REGISTERED: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
     services = parser.add_subparsers(dest="service", required=True)
@@ -123,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.add_argument("--image", default=DEFAULT_IMAGE, help="image of the demo sandbox")
     demo.set_defaults(handler=_demo)
+
+    # Each further service and tool owns its subcommands in `swerl.<name>.cli.register`.
+    for name in _REGISTERED:
+        importlib.import_module(f"swerl.{name}.cli").register(services)
     return parser
 
 
