@@ -1,0 +1,255 @@
+"""An episode's outcome as slime samples, obeying every invariant slime's trainer relies on.
+
+Whole-trajectory mode gives one sample: the first prompt, then every response (mask 1, the
+policy's logprobs) and observation (mask 0, logprob 0.0). Dynamic-history mode gives one sample
+per turn: the exact prompt the policy saw that turn and that turn's response; all samples of an
+episode share `rollout_id`. Every sample has `tokens == prompt + response`, `len(loss_mask) ==
+len(rollout_log_probs) == response_length >= 1`, a prompt of at least one token, and a reward.
+
+Status mapping: SUBMITTED → COMPLETED; LIMIT_* → TRUNCATED; CANCELLED / ABORTED → ABORTED with
+reward 0.0 (slime computes no reward for ABORTED samples but the trainer needs one); INFRA_ERROR,
+and any outcome without a usable trajectory or reward → one placeholder with
+`remove_sample=True`, reward 0.0, `loss_mask=[0]` and `metadata["infra_error"] = True`, for the
+dynamic-sampling filter to drop its group. Infra failures are never scored as wrong answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+
+from swerl.agent.v1 import agent_pb2
+from swerl.trainer_plugin import slime_glue
+from swerl.trainer_plugin.episode import EpisodeOutcome
+
+# Token of placeholder samples. Any valid id does: a placeholder is never trained on.
+PLACEHOLDER_TOKEN_ID = 0
+
+S = agent_pb2.EpisodeStatus
+_SLIME_STATUS = {
+    S.EPISODE_STATUS_SUBMITTED: "COMPLETED",
+    S.EPISODE_STATUS_LIMIT_TURNS: "TRUNCATED",
+    S.EPISODE_STATUS_LIMIT_CONTEXT: "TRUNCATED",
+    S.EPISODE_STATUS_LIMIT_TIME: "TRUNCATED",
+    S.EPISODE_STATUS_CANCELLED: "ABORTED",
+    S.EPISODE_STATUS_ABORTED: "ABORTED",
+}
+
+# Metadata keys the plugin writes on every sample (the filter, metrics and post-process read
+# them; they are also what a researcher finds in slime's debug dumps).
+EPISODE_ID = "episode_id"
+ROLLOUT_ID = "rollout_id"
+EPISODE_STATUS = "episode_status"
+INFRA_ERROR = "infra_error"
+OUTCOME_REWARD = "outcome_reward"
+REWARD = "reward"
+AGENT_METRICS = "agent_metrics"
+EVAL_REPORT = "eval_report"
+PATCH = "patch"
+ARTIFACT_DIR = "artifact_dir"
+ERROR_REASON = "error_reason"
+ERROR_MESSAGE = "error_message"
+TURN_INDEX = "turn_index"
+NUM_TURNS = "num_turns"
+PRM_SCORES = "prm_scores"
+AGENT_ADDRESS = "agent_address"
+
+Decoder = Callable[[list[int]], str]
+
+
+def status_name(status: int) -> str:
+    return agent_pb2.EpisodeStatus.Name(status).removeprefix("EPISODE_STATUS_")
+
+
+def outcome_to_samples(
+    template: Any, outcome: EpisodeOutcome, *, per_turn: bool, decode: Decoder | None = None
+) -> Any:
+    """The samples of one episode: a list when `per_turn`, else one sample.
+
+    `template` is the sample slime passed to generate; it is never modified (every returned
+    sample is a clone), so its prompt, label, indices and dataset metadata carry over.
+    """
+    result = outcome.result
+    if result is None:
+        aborted = outcome.cancelled_by == "abort"
+        failure = (outcome.failure_reason, outcome.failure_message)
+        samples = [_placeholder(template, outcome, *failure, aborted=aborted)]
+        return samples if per_turn else samples[0]
+    if result.status == S.EPISODE_STATUS_INFRA_ERROR or result.status not in _SLIME_STATUS:
+        reason = result.error_reason or f"EPISODE_{status_name(result.status)}"
+        samples = [_placeholder(template, outcome, reason, result.error_message, aborted=False)]
+        return samples if per_turn else samples[0]
+
+    aborted = _SLIME_STATUS[result.status] == "ABORTED"
+    if per_turn:
+        records = list(result.turns)
+        turn_indices: list[int | None] = list(range(len(records)))
+    else:
+        records = [result.trajectory] if result.HasField("trajectory") else []
+        turn_indices = [None] * len(records)
+    usable = [(i, r) for i, r in zip(turn_indices, records, strict=True) if _trainable(r)]
+    problem = _record_problem(records, usable, result, aborted)
+    if problem is not None:
+        samples = [_placeholder(template, outcome, *problem, aborted=aborted)]
+        return samples if per_turn else samples[0]
+
+    samples = []
+    for turn_index, record in usable:
+        if aborted:
+            reward = 0.0
+        elif record.HasField("reward"):
+            reward = record.reward
+        else:
+            reward = result.reward
+        sample = slime_glue.clone_sample(template)
+        _fill_tokens(sample, record, decode)
+        sample.status = slime_glue.status(template, _SLIME_STATUS[result.status])
+        sample.reward = float(reward)
+        sample.remove_sample = False
+        sample.weight_versions = list(record.weight_versions)
+        sample.metadata.update(_episode_metadata(outcome, turn_index))
+        sample.metadata[REWARD] = float(reward)
+        _set_common(sample, outcome)
+        samples.append(sample)
+    return samples if per_turn else samples[0]
+
+
+def _trainable(record: agent_pb2.TokenRecord) -> bool:
+    n = len(record.response_ids)
+    return (
+        len(record.prompt_ids) >= 1
+        and n >= 1
+        and len(record.loss_mask) == n
+        and len(record.logprobs) == n
+    )
+
+
+def _record_problem(
+    records: list[agent_pb2.TokenRecord],
+    usable: list[tuple[int | None, agent_pb2.TokenRecord]],
+    result: agent_pb2.EpisodeResult,
+    aborted: bool,
+) -> tuple[str, str] | None:
+    bad = [r for r in records if len(r.response_ids) and not _trainable(r)]
+    if bad:
+        r = bad[0]
+        return (
+            "INVALID_TOKEN_RECORD",
+            f"prompt {len(r.prompt_ids)}, response {len(r.response_ids)}, "
+            f"mask {len(r.loss_mask)}, logprobs {len(r.logprobs)} tokens",
+        )
+    if not usable:
+        # A cancel before the first policy turn, or an agent without token data (OpenAI mode).
+        return ("NO_TRAJECTORY", "the episode returned no response tokens")
+    if not aborted and not result.HasField("reward"):
+        return ("NO_REWARD", "the episode ended without a graded reward")
+    return None
+
+
+def _fill_tokens(sample: Any, record: agent_pb2.TokenRecord, decode: Decoder | None) -> None:
+    prompt = list(record.prompt_ids)
+    response = list(record.response_ids)
+    sample.tokens = prompt + response
+    sample.response_length = len(response)
+    sample.loss_mask = list(record.loss_mask)
+    sample.rollout_log_probs = [float(x) for x in record.logprobs]
+    sample.response = decode(response) if decode is not None else ""
+
+
+def _placeholder(
+    template: Any, outcome: EpisodeOutcome, reason: str, message: str, *, aborted: bool
+) -> Any:
+    """A minimal sample that is never trained on: ABORTED when the rollout was aborted (an
+    episode cancelled before its first turn), otherwise FAILED and flagged as an infra error."""
+    sample = slime_glue.clone_sample(template)
+    sample.tokens = [PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID]
+    sample.response_length = 1
+    sample.loss_mask = [0]
+    sample.rollout_log_probs = [0.0]
+    sample.response = ""
+    sample.reward = 0.0
+    sample.remove_sample = True
+    status = "ABORTED" if aborted else _failed_status_name(template)
+    sample.status = slime_glue.status(template, status)
+    sample.weight_versions = []
+    sample.metadata.update(_episode_metadata(outcome, None))
+    sample.metadata.update(
+        {INFRA_ERROR: not aborted, ERROR_REASON: reason, ERROR_MESSAGE: message, REWARD: 0.0}
+    )
+    _set_common(sample, outcome)
+    return sample
+
+
+def _failed_status_name(template: Any) -> str:
+    # FAILED exists in every slime release the contract covers; ABORTED is the older fallback.
+    return "FAILED" if hasattr(type(template).Status, "FAILED") else "ABORTED"
+
+
+def _episode_metadata(outcome: EpisodeOutcome, turn_index: int | None) -> dict[str, Any]:
+    result = outcome.result
+    meta: dict[str, Any] = {
+        EPISODE_ID: outcome.episode_id,
+        ROLLOUT_ID: outcome.episode_id,
+        AGENT_ADDRESS: outcome.address,
+        TURN_INDEX: turn_index,
+        INFRA_ERROR: False,
+        ERROR_REASON: "",
+        ERROR_MESSAGE: "",
+    }
+    if result is None:
+        meta.update(
+            {
+                EPISODE_STATUS: "NO_RESULT",
+                OUTCOME_REWARD: None,
+                AGENT_METRICS: {},
+                EVAL_REPORT: None,
+                PATCH: "",
+                ARTIFACT_DIR: "",
+                NUM_TURNS: len(outcome.turns),
+                PRM_SCORES: [],
+            }
+        )
+        return meta
+    meta.update(
+        {
+            EPISODE_STATUS: status_name(result.status),
+            OUTCOME_REWARD: result.reward if result.HasField("reward") else None,
+            AGENT_METRICS: dict(result.metrics),
+            EVAL_REPORT: (
+                json_format.MessageToDict(result.report, preserving_proto_field_name=True)
+                if result.HasField("report")
+                else None
+            ),
+            PATCH: result.patch.decode("utf-8", errors="replace"),
+            ARTIFACT_DIR: result.artifact_dir,
+            NUM_TURNS: int(result.metrics.get("turns", len(outcome.turns))),
+            PRM_SCORES: [
+                {
+                    "turn_index": s.turn_index,
+                    "score": s.score,
+                    "valid_votes": s.valid_votes,
+                    "state": agent_pb2.StepScoreState.Name(s.state).removeprefix(
+                        "STEP_SCORE_STATE_"
+                    ),
+                }
+                for s in result.step_scores
+            ],
+        }
+    )
+    if result.error_reason:
+        meta[ERROR_REASON] = result.error_reason
+        meta[ERROR_MESSAGE] = result.error_message
+    return meta
+
+
+def _set_common(sample: Any, outcome: EpisodeOutcome) -> None:
+    # slime >= 0.3 requires siblings of one generate call to share rollout_id; older releases
+    # simply carry the attribute along.
+    sample.rollout_id = outcome.episode_id
+    metrics = outcome.result.metrics if outcome.result is not None else {}
+    if "total_time" in metrics and "model_query_time_sum" in metrics:
+        sample.non_generation_time = max(
+            0.0, metrics["total_time"] - metrics["model_query_time_sum"]
+        )

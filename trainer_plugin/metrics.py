@@ -1,0 +1,132 @@
+"""The seeds' `agent/*` rollout metrics, aggregated over the episodes of a batch.
+
+slime hands the log function the flattened samples; with dynamic history an episode has one
+sample per turn, so samples are first reduced to episodes (by `rollout_id`) and every episode
+counts once. A metric is aggregated only over the episodes that report it (the agent leaves out
+what does not apply, e.g. `eval_time` for an episode that was not graded), and a key no episode
+reports is not emitted at all rather than logged as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from swerl.trainer_plugin import convert
+
+# Per-episode metric → aggregates, named as in the seed (slime's swe-agent example).
+_SUMMED = ("turns", "tool_calls")  # agent/<k>_mean and agent/<k>_sum
+_MEAN_SUFFIXED = (  # agent/<k>_mean
+    "model_query_time_sum",
+    "env_execution_time_sum",
+    "eval_time",
+    "overhead_time",
+    "agent_run_time",
+)
+_MEAN_PLAIN = (  # agent/<k>: per-episode averages and ratios, averaged again
+    "time_per_turn",
+    "model_query_time_avg",
+    "env_execution_time_avg",
+    "model_time_ratio",
+    "env_time_ratio",
+    "eval_time_ratio",
+)
+
+# Every key the seed logged (SLIME_CONTRACT.md), for tests and docs.
+SEED_METRIC_KEYS = (
+    "agent/turns_mean",
+    "agent/turns_sum",
+    "agent/tool_calls_mean",
+    "agent/tool_calls_sum",
+    "agent/total_time_mean",
+    "agent/total_time_max",
+    "agent/total_time_min",
+    "agent/model_query_time_sum_mean",
+    "agent/env_execution_time_sum_mean",
+    "agent/eval_time_mean",
+    "agent/overhead_time_mean",
+    "agent/time_per_turn",
+    "agent/model_query_time_avg",
+    "agent/env_execution_time_avg",
+    "agent/model_time_ratio",
+    "agent/env_time_ratio",
+    "agent/agent_run_time_mean",
+    "agent/eval_time_ratio",
+)
+
+
+def flatten(samples: Iterable[Any]) -> list[Any]:
+    """Samples with any nesting of lists (slime's groups of fan-out lists) flattened."""
+    flat: list[Any] = []
+    for item in samples:
+        if isinstance(item, (list, tuple)):
+            flat.extend(flatten(item))
+        else:
+            flat.append(item)
+    return flat
+
+
+def episode_key(sample: Any) -> Any:
+    """What identifies the episode of a sample: its rollout id, else the sample itself."""
+    metadata = getattr(sample, "metadata", None) or {}
+    key = metadata.get(convert.ROLLOUT_ID) or getattr(sample, "rollout_id", None)
+    return key if key is not None else ("sample", id(sample))
+
+
+def episodes(samples: Iterable[Any]) -> list[Any]:
+    """One representative sample per episode, in first-seen order."""
+    seen: dict[Any, Any] = {}
+    for sample in flatten(samples):
+        seen.setdefault(episode_key(sample), sample)
+    return list(seen.values())
+
+
+def agent_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """The `agent/*` metrics of a batch of samples (each episode once)."""
+    per_episode = [
+        (getattr(s, "metadata", None) or {}).get(convert.AGENT_METRICS) or {}
+        for s in episodes(samples)
+    ]
+
+    def values(key: str) -> list[float]:
+        return [float(m[key]) for m in per_episode if key in m]
+
+    out: dict[str, float] = {}
+    for key in _SUMMED:
+        if found := values(key):
+            out[f"agent/{key}_mean"] = sum(found) / len(found)
+            out[f"agent/{key}_sum"] = sum(found)
+    for key in _MEAN_SUFFIXED:
+        if found := values(key):
+            out[f"agent/{key}_mean"] = sum(found) / len(found)
+    for key in _MEAN_PLAIN:
+        if found := values(key):
+            out[f"agent/{key}"] = sum(found) / len(found)
+    if found := values("total_time"):
+        out["agent/total_time_mean"] = sum(found) / len(found)
+        out["agent/total_time_max"] = max(found)
+        out["agent/total_time_min"] = min(found)
+    out.update(_outcome_metrics(samples))
+    return out
+
+
+def _outcome_metrics(samples: Sequence[Any]) -> dict[str, float]:
+    """How episodes ended: counts that tell infra trouble apart from policy quality."""
+    reps = episodes(samples)
+    if not reps:
+        return {}
+    metas = [getattr(s, "metadata", None) or {} for s in reps]
+    n = len(metas)
+    statuses = [m.get(convert.EPISODE_STATUS) for m in metas]
+    graded = [m for m in metas if m.get(convert.OUTCOME_REWARD) is not None]
+    out = {
+        "agent/episodes": float(n),
+        "agent/infra_error_ratio": sum(bool(m.get(convert.INFRA_ERROR)) for m in metas) / n,
+        "agent/aborted_ratio": sum(s in ("CANCELLED", "ABORTED") for s in statuses) / n,
+        "agent/submitted_ratio": statuses.count("SUBMITTED") / n,
+        "agent/truncated_ratio": sum(bool(s and s.startswith("LIMIT_")) for s in statuses) / n,
+    }
+    if graded:
+        resolved = sum(float(m[convert.OUTCOME_REWARD]) > 0 for m in graded)
+        out["agent/resolved_ratio"] = resolved / len(graded)
+    return out

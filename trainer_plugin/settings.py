@@ -1,0 +1,146 @@
+"""The plugin's settings, in one place: `SWERL_PLUGIN_*` env vars, then slime's custom config.
+
+slime loads the hooks inside its RolloutManager Ray actor, so the plugin cannot take CLI flags.
+Its settings come from two sources:
+
+- env vars `SWERL_PLUGIN_<NAME>` (set them in the Ray job's runtime env, see deploy/slime), and
+- keys of slime's `--custom-config-path` YAML, which slime turns into attributes of `args`.
+  The plugin reads the attributes named `swerl_<name>` (e.g. `swerl_dynamic_history: true`), so
+  its keys never collide with slime's own arguments.
+
+A key in the custom config wins over the env var, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+CONFIG_KEY_PREFIX = "swerl_"
+
+
+class PluginSettings(BaseSettings):
+    """Everything the slime hooks need to know that slime itself does not tell them."""
+
+    model_config = SettingsConfigDict(env_prefix="SWERL_PLUGIN_", extra="ignore")
+
+    # NoDecode: the env var is a plain comma-separated list, not JSON.
+    agent_addresses: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1:18091"],
+        description="AgentService addresses (host:port), comma-separated; episodes are spread "
+        "over them, each to the one with the fewest episodes in flight from this process.",
+    )
+    agent_token: SecretStr | None = Field(None, description="Bearer token of the agent service.")
+    agent_tls_ca_file: Path | None = Field(
+        None, description="PEM CA of the agent service's certificate (enables TLS)."
+    )
+    dynamic_history: bool = Field(
+        False,
+        description="One Sample per turn (each the exact prompt the model saw that turn), all "
+        "sharing rollout_id; generate then always returns a list.",
+    )
+    prm_enabled: bool = Field(False, description="Judge every step with the PRM service.")
+    prm_endpoint: str = Field("", description="PrmService host:port; empty = the agent's own.")
+    prm_m: int = Field(0, ge=0, description="PRM votes per step; 0 = the PRM service default.")
+    prm_coef: float = Field(0.0, description="Weight of the PRM step scores in the reward.")
+    prm_seed: int = Field(0, description="Base seed of the PRM votes.")
+    max_turns: int = Field(0, ge=0, description="Turn limit; 0 = the agent config's default.")
+    max_context_tokens: int = Field(
+        0,
+        ge=0,
+        description="Context budget in tokens; 0 = slime's --rollout-max-context-len when set, "
+        "else the agent's default.",
+    )
+    max_new_tokens: int = Field(
+        0, ge=0, description="Tokens per turn; 0 = the sampling params' max_new_tokens."
+    )
+    wall_timeout_s: float = Field(0.0, ge=0, description="Agent loop wall time; 0 = default.")
+    command_timeout_s: float = Field(0.0, ge=0, description="Per-command limit; 0 = default.")
+    eval_timeout_s: float = Field(0.0, ge=0, description="Evaluation limit; 0 = default.")
+    episode_deadline_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Overall limit on one generate call: past it the episode is cancelled and "
+        "the call returns a placeholder for removal.",
+    )
+    abort_poll_interval_s: float = Field(
+        0.05, gt=0, description="How often slime's abort flag is looked at."
+    )
+    cancel_grace_s: float = Field(
+        1.5,
+        gt=0,
+        description="After sending cancel, how long the agent gets to return the partial result "
+        "before the call itself is cancelled (which still stops the episode and frees its "
+        "sandbox).",
+    )
+    connect_attempts: int = Field(
+        3,
+        ge=1,
+        description="Attempts to start an episode while agents are UNAVAILABLE before any "
+        "message arrived (each on the next address).",
+    )
+    artifact_dir: str = Field(
+        "", description="Directory on the agent's host for per-episode artifacts; empty = none."
+    )
+    config_name: str = Field("", description="Agent config (templates, defaults); empty = default.")
+    tokenizer_path: str = Field(
+        "", description="Tokenizer directory as the agent sees it; empty = slime's hf_checkpoint."
+    )
+    policy_endpoint: str = Field(
+        "", description="Policy URL as the agent sees it; empty = slime's router ip:port."
+    )
+    policy_model: str = Field("", description="Model name recorded in the artifacts.")
+    owner_prefix: str = Field("slime", description="Prefix of the lease owner string.")
+    decode_response_text: bool = Field(
+        True,
+        description="Fill Sample.response with the decoded response tokens (for slime's logs) "
+        "using the tokenizer slime already loaded; off = empty text.",
+    )
+    max_receive_message_bytes: int = Field(
+        256 << 20, gt=0, description="Largest RunEpisode message accepted (whole trajectories)."
+    )
+
+    @field_validator("agent_addresses", mode="before")
+    @classmethod
+    def _split_addresses(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, (list, tuple)):
+            addresses = [str(a).strip() for a in value if str(a).strip()]
+            if not addresses:
+                raise ValueError("agent_addresses needs at least one host:port")
+            return addresses
+        return value
+
+    @field_validator("agent_token", mode="before")
+    @classmethod
+    def _empty_token_is_no_token(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+_cache: weakref.WeakKeyDictionary[Any, PluginSettings] = weakref.WeakKeyDictionary()
+
+
+def settings_from_args(args: Any) -> PluginSettings:
+    """The plugin settings for slime's `args`: custom-config keys over env vars over defaults."""
+    overrides = {
+        name: getattr(args, CONFIG_KEY_PREFIX + name)
+        for name in PluginSettings.model_fields
+        if getattr(args, CONFIG_KEY_PREFIX + name, None) is not None
+    }
+    return PluginSettings(**overrides)
+
+
+def plugin_settings(args: Any) -> PluginSettings:
+    """`settings_from_args`, computed once per `args` object (slime passes the same one)."""
+    try:
+        cached = _cache.get(args)
+    except TypeError:  # not weak-referenceable: read the settings every time
+        return settings_from_args(args)
+    if cached is None:
+        cached = _cache[args] = settings_from_args(args)
+    return cached
