@@ -67,15 +67,24 @@ class AgentDirectory:
         self._settings = settings
         self._in_flight = dict.fromkeys(self.addresses, 0)
         self._rotation = itertools.count()
+        self._unavailable_until: dict[str, float] = {}
         self._channels: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, grpc.aio.Channel]
         ] = weakref.WeakKeyDictionary()
 
     def pick(self) -> str:
-        """The address with the fewest episodes in flight; ties in rotation."""
-        least = min(self._in_flight.values())
-        candidates = [a for a in self.addresses if self._in_flight[a] == least]
+        """The address with the fewest episodes in flight among those not recently found
+        UNAVAILABLE (all of them when every one was); ties in rotation."""
+        now = time.monotonic()
+        healthy = [a for a in self.addresses if self._unavailable_until.get(a, 0.0) <= now]
+        pool = healthy or self.addresses
+        least = min(self._in_flight[a] for a in pool)
+        candidates = [a for a in pool if self._in_flight[a] == least]
         return candidates[next(self._rotation) % len(candidates)]
+
+    def mark_unavailable(self, address: str) -> None:
+        """Keeps new episodes away from `address` for a while (it refused a connection)."""
+        self._unavailable_until[address] = time.monotonic() + self._settings.unavailable_cooldown_s
 
     def in_flight(self) -> dict[str, int]:
         return dict(self._in_flight)
@@ -201,8 +210,10 @@ async def _attempt(
     if outcome.result is None and not outcome.failure_reason:
         _failed(outcome, STREAM_ENDED_WITHOUT_RESULT, "the agent ended the call without a result")
     nothing_arrived = outcome.started is None and not outcome.turns and outcome.result is None
-    if outcome.failure_reason == "RPC_UNAVAILABLE" and nothing_arrived and not should_cancel():
-        raise _unavailable(outcome)
+    if outcome.failure_reason == "RPC_UNAVAILABLE" and nothing_arrived:
+        directory.mark_unavailable(address)
+        if not should_cancel():
+            raise _unavailable(outcome)
     return outcome
 
 

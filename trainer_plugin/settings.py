@@ -83,6 +83,12 @@ class PluginSettings(BaseSettings):
         description="Attempts to start an episode while agents are UNAVAILABLE before any "
         "message arrived (each on the next address).",
     )
+    unavailable_cooldown_s: float = Field(
+        10.0,
+        ge=0,
+        description="How long an agent address that refused a connection gets no new episodes "
+        "(unless every address did).",
+    )
     artifact_dir: str = Field(
         "", description="Directory on the agent's host for per-episode artifacts; empty = none."
     )
@@ -122,7 +128,9 @@ class PluginSettings(BaseSettings):
         return None if value == "" else value
 
 
-_cache: weakref.WeakKeyDictionary[Any, PluginSettings] = weakref.WeakKeyDictionary()
+# Keyed by id(args) (slime's argparse.Namespace is unhashable), guarded by a weak reference so a
+# recycled id never returns another object's settings.
+_cache: dict[int, tuple[weakref.ref[Any], PluginSettings]] = {}
 
 
 def settings_from_args(args: Any) -> PluginSettings:
@@ -137,10 +145,14 @@ def settings_from_args(args: Any) -> PluginSettings:
 
 def plugin_settings(args: Any) -> PluginSettings:
     """`settings_from_args`, computed once per `args` object (slime passes the same one)."""
+    key = id(args)
+    cached = _cache.get(key)
+    if cached is not None and cached[0]() is args:
+        return cached[1]
+    settings = settings_from_args(args)
     try:
-        cached = _cache.get(args)
+        ref = weakref.ref(args, lambda _: _cache.pop(key, None))
     except TypeError:  # not weak-referenceable: read the settings every time
-        return settings_from_args(args)
-    if cached is None:
-        cached = _cache[args] = settings_from_args(args)
-    return cached
+        return settings
+    _cache[key] = (ref, settings)
+    return settings

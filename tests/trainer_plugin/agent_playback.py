@@ -1,0 +1,232 @@
+"""A real grpc.aio AgentService that plays back canned RunEpisode responses.
+
+It stands at our own service boundary (the agent contract), so the plugin's client runs against
+a real server on port 0: real streams, real cancellation, real deadlines. Each episode follows a
+`Scenario` chosen from its `start`; the servicer records what the client sent (starts, cancels)
+and which calls the client cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
+from swerl.chassis.timeconv import duration_pb
+from swerl.exec.v1 import evaluate_pb2
+
+S = agent_pb2.EpisodeStatus
+PROMPT = [151644, 8948, 198, 2610, 525, 264, 10950, 151645, 198, 151644, 872, 198]
+
+
+@dataclass
+class Turn:
+    """One policy turn: the model's tokens (with logprobs) and the observation tokens after."""
+
+    response: list[int]
+    logprobs: list[float]
+    observation: list[int]
+
+
+def turns(n: int) -> list[Turn]:
+    """n distinct turns; the last has no observation (the episode ended on it)."""
+    out = []
+    for i in range(n):
+        response = [1000 + 10 * i + k for k in range(3)]
+        observation = [] if i == n - 1 else [2000 + 10 * i + k for k in range(2)]
+        out.append(Turn(response, [-0.25 * (k + 1) - i for k in range(3)], observation))
+    return out
+
+
+def trajectory(ts: list[Turn], reward: float | None) -> agent_pb2.TokenRecord:
+    record = agent_pb2.TokenRecord(prompt_ids=PROMPT, weight_versions=["7"] * len(ts))
+    for t in ts:
+        record.response_ids.extend(t.response + t.observation)
+        record.loss_mask.extend([1] * len(t.response) + [0] * len(t.observation))
+        record.logprobs.extend(t.logprobs + [0.0] * len(t.observation))
+    if reward is not None:
+        record.reward = reward
+    return record
+
+
+def per_turn_records(
+    ts: list[Turn], reward: float | None, shaping: list[float] | None = None
+) -> list[agent_pb2.TokenRecord]:
+    records, context = [], list(PROMPT)
+    for i, t in enumerate(ts):
+        record = agent_pb2.TokenRecord(
+            prompt_ids=context,
+            response_ids=t.response,
+            loss_mask=[1] * len(t.response),
+            logprobs=t.logprobs,
+            weight_versions=["7"],
+        )
+        if reward is not None:
+            record.reward = reward + (shaping[i] if shaping else 0.0)
+        records.append(record)
+        context = context + t.response + t.observation
+    return records
+
+
+METRICS = {
+    "turns": 3.0,
+    "tool_calls": 2.0,
+    "model_query_time_sum": 1.5,
+    "env_execution_time_sum": 0.6,
+    "eval_time": 0.4,
+    "agent_run_time": 2.2,
+    "total_time": 2.8,
+    "overhead_time": 0.3,
+    "time_per_turn": 0.73,
+    "model_query_time_avg": 0.5,
+    "env_execution_time_avg": 0.3,
+    "model_time_ratio": 0.54,
+    "env_time_ratio": 0.21,
+    "eval_time_ratio": 0.14,
+}
+
+
+def result(
+    start: agent_pb2.EpisodeStart,
+    status: int = S.EPISODE_STATUS_SUBMITTED,
+    *,
+    n_turns: int = 3,
+    reward: float | None = 1.0,
+    shaping: list[float] | None = None,
+    error_reason: str = "",
+) -> agent_pb2.EpisodeResult:
+    """The result an agent would send for `start` (honouring options.dynamic_history)."""
+    ts = turns(n_turns)
+    out = agent_pb2.EpisodeResult(
+        episode_id=start.episode_id,
+        status=status,
+        patch=b"diff --git a/x b/x\n",
+        metrics=METRICS,
+        artifact_dir=f"/artifacts/{start.instance.instance_id}__{start.episode_id}",
+        error_reason=error_reason,
+        error_message="detail" if error_reason else "",
+    )
+    if reward is not None:
+        out.reward = reward
+        out.report.CopyFrom(
+            evaluate_pb2.EvaluationReport(
+                instance_id=start.instance.instance_id,
+                status=evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+                if reward > 0
+                else evaluate_pb2.EVALUATION_STATUS_UNRESOLVED,
+                patch_applied=True,
+                total_duration=duration_pb(0.4),
+            )
+        )
+    if start.options.dynamic_history:
+        out.turns.extend(per_turn_records(ts, reward, shaping))
+    elif n_turns:
+        shaped = (
+            None if reward is None else reward + (sum(shaping) / len(shaping) if shaping else 0)
+        )
+        out.trajectory.CopyFrom(trajectory(ts, shaped))
+    else:
+        out.trajectory.CopyFrom(agent_pb2.TokenRecord(prompt_ids=PROMPT))
+    return out
+
+
+@dataclass
+class Scenario:
+    """How the playback agent answers one RunEpisode call."""
+
+    result: agent_pb2.EpisodeResult | None = None
+    turns_before: int = 2  # `turn` messages streamed before the result (or the wait)
+    gap_s: float = 0.0  # pause between streamed messages
+    wait_for_cancel: bool = False  # run until the client sends cancel, then answer CANCELLED
+    ignore_cancel: bool = False  # run until the client cancels the call itself
+    abort_code: grpc.StatusCode | None = None  # fail the call (after the streamed turns)
+    end_without_result: bool = False
+    delay_before_result_s: float = 0.0
+
+
+@dataclass
+class PlaybackAgent(agent_pb2_grpc.AgentServiceServicer):
+    scenario_for: Callable[[agent_pb2.EpisodeStart], Scenario]
+    starts: list[agent_pb2.EpisodeStart] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+    cancelled_calls: list[str] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)
+    active: int = 0
+    max_active: int = 0
+
+    async def RunEpisode(self, request_iterator, context):
+        first = await anext(aiter(request_iterator))
+        start = first.start
+        self.starts.append(start)
+        self.metadata.append(dict(context.invocation_metadata()))
+        scenario = self.scenario_for(start)
+        cancelled = asyncio.Event()
+
+        async def watch_requests() -> None:
+            async for request in request_iterator:
+                if request.WhichOneof("kind") == "cancel":
+                    self.cancels.append(start.episode_id)
+                    cancelled.set()
+
+        watcher = asyncio.ensure_future(watch_requests())
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            yield agent_pb2.RunEpisodeResponse(
+                started=agent_pb2.EpisodeStarted(lease_id="lease-1", sandbox_id="sbx-1")
+            )
+            for i in range(scenario.turns_before):
+                await asyncio.sleep(scenario.gap_s)
+                yield agent_pb2.RunEpisodeResponse(
+                    turn=agent_pb2.EpisodeTurn(index=i, action="ls", response_tokens=3)
+                )
+            if scenario.abort_code is not None:
+                await context.abort(scenario.abort_code, "playback failure")
+            if scenario.end_without_result:
+                return
+            if scenario.ignore_cancel:
+                await asyncio.Event().wait()
+            if scenario.wait_for_cancel:
+                await cancelled.wait()
+                partial = result(start, S.EPISODE_STATUS_CANCELLED, n_turns=2, reward=None)
+                yield agent_pb2.RunEpisodeResponse(result=partial)
+                return
+            await asyncio.sleep(scenario.delay_before_result_s)
+            answer = scenario.result if scenario.result is not None else result(start)
+            yield agent_pb2.RunEpisodeResponse(result=answer)
+        except asyncio.CancelledError:
+            self.cancelled_calls.append(start.episode_id)
+            raise
+        finally:
+            self.active -= 1
+            watcher.cancel()
+
+
+async def eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Waits until `predicate()` holds; fails the test after `timeout_s`."""
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+class PlaybackServer:
+    """A grpc.aio server on 127.0.0.1:0 serving a PlaybackAgent."""
+
+    def __init__(self, agent: PlaybackAgent) -> None:
+        self.agent = agent
+        self.server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(agent, self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.address = f"127.0.0.1:{port}"
+
+    async def __aenter__(self) -> PlaybackServer:
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(0)
