@@ -15,6 +15,7 @@ dynamic-sampling filter to drop its group. Infra failures are never scored as wr
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -109,7 +110,7 @@ def outcome_to_samples(
         sample.reward = float(reward)
         sample.remove_sample = False
         sample.weight_versions = list(record.weight_versions)
-        sample.metadata.update(_episode_metadata(outcome, turn_index))
+        sample.metadata.update(_episode_metadata(template, outcome, turn_index))
         sample.metadata[REWARD] = float(reward)
         _set_common(sample, outcome)
         samples.append(sample)
@@ -174,7 +175,7 @@ def _placeholder(
     status = "ABORTED" if aborted else _failed_status_name(template)
     sample.status = slime_glue.status(template, status)
     sample.weight_versions = []
-    sample.metadata.update(_episode_metadata(outcome, None))
+    sample.metadata.update(_episode_metadata(template, outcome, None))
     sample.metadata.update(
         {INFRA_ERROR: not aborted, ERROR_REASON: reason, ERROR_MESSAGE: message, REWARD: 0.0}
     )
@@ -187,11 +188,23 @@ def _failed_status_name(template: Any) -> str:
     return "FAILED" if hasattr(type(template).Status, "FAILED") else "ABORTED"
 
 
-def _episode_metadata(outcome: EpisodeOutcome, turn_index: int | None) -> dict[str, Any]:
+def rollout_id_of(template: Any, episode_id: str) -> int:
+    """The `Sample.rollout_id` of an episode's samples: the int slime's loss reducer groups
+    siblings by. slime's own fan-out examples use the trajectory's `sample.index` (unique per
+    generate call); without one, a stable int from the episode id."""
+    index = getattr(template, "index", None)
+    if isinstance(index, int):
+        return index
+    return int(hashlib.sha256(episode_id.encode()).hexdigest()[:15], 16)
+
+
+def _episode_metadata(
+    template: Any, outcome: EpisodeOutcome, turn_index: int | None
+) -> dict[str, Any]:
     result = outcome.result
     meta: dict[str, Any] = {
         EPISODE_ID: outcome.episode_id,
-        ROLLOUT_ID: outcome.episode_id,
+        ROLLOUT_ID: rollout_id_of(template, outcome.episode_id),
         AGENT_ADDRESS: outcome.address,
         TURN_INDEX: turn_index,
         INFRA_ERROR: False,
@@ -245,9 +258,9 @@ def _episode_metadata(outcome: EpisodeOutcome, turn_index: int | None) -> dict[s
 
 
 def _set_common(sample: Any, outcome: EpisodeOutcome) -> None:
-    # slime >= 0.3 requires siblings of one generate call to share rollout_id; older releases
-    # simply carry the attribute along.
-    sample.rollout_id = outcome.episode_id
+    # slime >= 0.3 requires siblings of one generate call to share rollout_id (its loss reducer
+    # then counts the episode once); older releases simply carry the attribute along.
+    sample.rollout_id = sample.metadata[ROLLOUT_ID]
     metrics = outcome.result.metrics if outcome.result is not None else {}
     if "total_time" in metrics and "model_query_time_sum" in metrics:
         sample.non_generation_time = max(

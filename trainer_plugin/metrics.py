@@ -69,7 +69,9 @@ def flatten(samples: Iterable[Any]) -> list[Any]:
 def episode_key(sample: Any) -> Any:
     """What identifies the episode of a sample: its rollout id, else the sample itself."""
     metadata = getattr(sample, "metadata", None) or {}
-    key = metadata.get(convert.ROLLOUT_ID) or getattr(sample, "rollout_id", None)
+    key = metadata.get(convert.ROLLOUT_ID)
+    if key is None:
+        key = getattr(sample, "rollout_id", None)
     return key if key is not None else ("sample", id(sample))
 
 

@@ -53,7 +53,7 @@ class Sample:
     metadata: dict = field(default_factory=dict)
     train_metadata: dict | None = None
     session_id: str | None = None
-    rollout_id: str | None = None
+    rollout_id: int | None = None
     non_generation_time: float = 0.0
 
     def get_reward_value(self, args: Any) -> float:
@@ -150,7 +150,7 @@ def check_sample_invariants(sample: Any) -> None:
     )
     if sample.remove_sample:
         assert sample.reward == 0.0 and set(sample.loss_mask) == {0}
-    assert sample.rollout_id, "rollout_id set on every sample"
+    assert isinstance(sample.rollout_id, int), "an int rollout_id on every sample"
     assert sample.metadata.get("rollout_id") == sample.rollout_id
     for key in ("agent_metrics", "eval_report", "episode_status", "patch", "artifact_dir"):
         assert key in sample.metadata, key
