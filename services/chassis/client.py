@@ -7,7 +7,7 @@ services). `error_info` is how callers, and tests, branch on a failure's `ErrorI
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -47,6 +47,8 @@ def make_channel(
     tls_client_cert_file: Path | str | None = None,
     tls_client_key_file: Path | str | None = None,
     request_id_provider: Callable[[], str | None] | None = None,
+    metadata_provider: Callable[[], Sequence[tuple[str, str]]] | None = None,
+    extra_options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Channel:
     """Opens an aio channel to a swerl server at `address` ("host:port").
 
@@ -55,21 +57,18 @@ def make_channel(
     from `request_id_provider`, else the RPC being handled, else a fresh id per call.
     """
     interceptors = [
-        cls(token, request_id_provider)
+        cls(token, request_id_provider, metadata_provider)
         for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
     ]
+    options = (*CHANNEL_OPTIONS, *extra_options)
     if tls_ca_file is None:
-        return grpc.aio.insecure_channel(
-            address, options=CHANNEL_OPTIONS, interceptors=interceptors
-        )
+        return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=Path(tls_ca_file).read_bytes(),
         private_key=Path(tls_client_key_file).read_bytes() if tls_client_key_file else None,
         certificate_chain=Path(tls_client_cert_file).read_bytes() if tls_client_cert_file else None,
     )
-    return grpc.aio.secure_channel(
-        address, credentials, options=CHANNEL_OPTIONS, interceptors=interceptors
-    )
+    return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
 
 
 def error_info(err: grpc.RpcError) -> tuple[str | None, dict[str, str]]:
@@ -102,10 +101,15 @@ class _MetadataAdder:
     """Adds `authorization` and `x-request-id` metadata to a call's details."""
 
     def __init__(
-        self, token: str | None, request_id_provider: Callable[[], str | None] | None
+        self,
+        token: str | None,
+        request_id_provider: Callable[[], str | None] | None,
+        metadata_provider: Callable[[], Sequence[tuple[str, str]]] | None = None,
     ) -> None:
         self._authorization = f"Bearer {token}" if token else None
         self._request_id_provider = request_id_provider or current_request_id
+        # Per-call extra metadata (e.g. a lease's current capability token).
+        self._metadata_provider = metadata_provider
 
     def _details(self, details: _Details) -> _Details:
         metadata = grpc.aio.Metadata(*(details.metadata or ()))
@@ -113,6 +117,10 @@ class _MetadataAdder:
             metadata[AUTHORIZATION_METADATA_KEY] = self._authorization
         if REQUEST_ID_METADATA_KEY not in metadata:
             metadata[REQUEST_ID_METADATA_KEY] = self._request_id_provider() or new_request_id()
+        if self._metadata_provider is not None:
+            for key, value in self._metadata_provider():
+                if key not in metadata:
+                    metadata[key] = value
         return grpc.aio.ClientCallDetails(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )

@@ -270,7 +270,15 @@ def _status_of(err: SwerlError) -> grpc.Status:
     )
     detail = any_pb2.Any()
     detail.Pack(info)
+    details = [detail]
+    # An error that knows when trying again makes sense (a full pool) says so in a RetryInfo.
+    retry_delay_s = getattr(err, "retry_delay_s", None)
+    if retry_delay_s is not None:
+        retry_info = error_details_pb2.RetryInfo()
+        retry_info.retry_delay.FromNanoseconds(int(retry_delay_s * 1e9))
+        details.append(any_pb2.Any())
+        details[-1].Pack(retry_info)
     code = grpc.StatusCode[err.code]
     return rpc_status.to_status(
-        status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
+        status_pb2.Status(code=code.value[0], message=err.message, details=details)
     )

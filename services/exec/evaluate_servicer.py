@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
+from swerl.exec.capability import require_lease_token
 from swerl.exec.evaluate import Evaluator, LogEvent, PhaseEvent, Report
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
@@ -63,6 +64,8 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
     async def Evaluate(
         self, request: pb.EvaluateRequest, context
     ) -> AsyncIterator[pb.EvaluateResponse]:
+        if request.sandbox_id:
+            require_lease_token(self._evaluator._m, context, request.sandbox_id)
         events = self._evaluator.evaluate(
             instance_from_pb(request.instance),
             request.patch,

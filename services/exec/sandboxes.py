@@ -210,6 +210,7 @@ class SandboxManager:
     async def reconcile(self) -> None:
         """Adopts valid labelled containers of this node and removes expired or stopped ones."""
         stored = self.store.all()
+        bindings = self.store.bindings()
         now = time.time()
         found = await self.backend.list_labelled({L + "node": self.settings.node_id})
         seen: set[str] = set()
@@ -225,6 +226,8 @@ class SandboxManager:
                 continue
             seen.add(sandbox_id)
             record = self._record_from_labels(info.container_id, labels, expire)
+            if sandbox_id in bindings:  # A spare handed to a lease after its creation.
+                record.lease_id, record.owner, record.instance_id = bindings[sandbox_id]
             self._records[sandbox_id] = record
             if record.request_id:
                 self._by_request[record.request_id] = sandbox_id
@@ -430,6 +433,15 @@ class SandboxManager:
             raise InvalidSandboxSpec(f"ttl must be between 0 and {self.settings.max_ttl_s:g} s")
         record.expire_time = time.time() + (ttl_s or self.settings.default_ttl_s)
         self.store.set_expiry(sandbox_id, record.expire_time)
+        return record
+
+    async def bind(
+        self, sandbox_id: str, lease_id: str, owner: str, instance_id: str, ttl_s: float
+    ) -> SandboxRecord:
+        """Hands a sandbox to a lease (durably) and renews it."""
+        record = await self.renew(sandbox_id, ttl_s)
+        self.store.bind(sandbox_id, lease_id, owner, instance_id)
+        record.lease_id, record.owner, record.instance_id = lease_id, owner, instance_id
         return record
 
     async def destroy(self, sandbox_id: str) -> bool:

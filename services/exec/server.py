@@ -15,6 +15,7 @@ from swerl.chassis.server import GrpcServer
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.evaluate import Evaluator
 from swerl.exec.evaluate_servicer import EvaluateServicer
+from swerl.exec.pool_registration import register_with_pool
 from swerl.exec.sandboxes import SandboxManager
 from swerl.exec.servicer import SandboxServicer
 from swerl.exec.settings import ExecSettings
@@ -48,6 +49,7 @@ class ExecNode:
         )
         self.server.add_shutdown_callback(self._shutdown)
         self.port = 0
+        self._registration: asyncio.Task[None] | None = None
 
     def _docker_health_changed(self, healthy: bool) -> None:
         # Unhealthy Docker makes the node NOT_SERVING, so the pool stops placing work here.
@@ -56,9 +58,16 @@ class ExecNode:
     async def start(self) -> int:
         await self.manager.start()
         self.port = await self.server.start()
+        if self.settings.pool_address:
+            address = self.settings.advertise_address or self.server.address
+            self._registration = asyncio.get_running_loop().create_task(
+                register_with_pool(self.settings, address)
+            )
         return self.port
 
     async def _shutdown(self) -> None:
+        if self._registration is not None:
+            self._registration.cancel()
         await self.manager.stop()
         self.store.close()
         self.backend.close()

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
+from swerl.exec.capability import require_lease_token
 from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
 from swerl.exec.shell import CommandSpec, Exit, Output, Started
@@ -90,6 +91,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         if first is None or first.WhichOneof("kind") != "start":
             raise ExecStartRequired("the first Exec message must be `start`")
         start = first.start
+        require_lease_token(self._m, context, start.sandbox_id)
         if not start.command.strip():
             raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
         run = self._m.start_command(
@@ -154,6 +156,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 await run.write_stdin(message.stdin.data, message.stdin.close)
 
     async def GetDiff(self, request: pb.GetDiffRequest, context) -> pb.GetDiffResponse:
+        require_lease_token(self._m, context, request.sandbox_id)
         result = await self._m.diff(
             request.sandbox_id, request.base_ref, request.include_untracked, request.path
         )
@@ -166,6 +169,16 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     ) -> pb.RenewSandboxResponse:
         record = await self._m.renew(request.sandbox_id, seconds_of(request.ttl))
         return pb.RenewSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
+
+    async def BindSandbox(self, request: pb.BindSandboxRequest, context) -> pb.BindSandboxResponse:
+        record = await self._m.bind(
+            request.sandbox_id,
+            request.lease_id,
+            request.owner,
+            request.instance_id,
+            seconds_of(request.ttl),
+        )
+        return pb.BindSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
     async def DestroySandbox(
         self, request: pb.DestroySandboxRequest, context

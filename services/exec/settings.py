@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis.settings import ServiceSettings
@@ -43,3 +43,18 @@ class ExecSettings(ServiceSettings):
     )
     docker_health_interval_s: float = 2.0
     docker_threads: int = 32
+    capability_secret: SecretStr | None = Field(
+        None,
+        description="secret shared with the pool; when set, Exec/GetDiff/Evaluate on a sandbox"
+        " need the lease's capability token",
+    )
+    pool_address: str | None = Field(None, description="pool to register with at start-up")
+    pool_auth_token: SecretStr | None = Field(
+        None, description="bearer token for the pool (default: this node's auth token)"
+    )
+    advertise_address: str | None = Field(
+        None, description="host:port the pool and agents dial (default: the bound address)"
+    )
+    node_labels: dict[str, str] = Field(
+        default_factory=dict, description="labels for the pool's node_selector (JSON object)"
+    )

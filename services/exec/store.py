@@ -21,6 +21,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_request_id
     ON sandboxes(request_id) WHERE request_id IS NOT NULL AND request_id != '';
+CREATE TABLE IF NOT EXISTS bindings (
+    sandbox_id   TEXT PRIMARY KEY,
+    lease_id     TEXT NOT NULL,
+    owner        TEXT NOT NULL,
+    instance_id  TEXT NOT NULL
+);
 """
 
 
@@ -62,6 +68,21 @@ class NodeStore:
     def delete(self, sandbox_id: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+            self._db.execute("DELETE FROM bindings WHERE sandbox_id = ?", (sandbox_id,))
+
+    def bind(self, sandbox_id: str, lease_id: str, owner: str, instance_id: str) -> None:
+        """Records the lease a sandbox was handed to after its creation (labels are fixed)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO bindings VALUES (?, ?, ?, ?)",
+                (sandbox_id, lease_id, owner, instance_id),
+            )
+
+    def bindings(self) -> dict[str, tuple[str, str, str]]:
+        """sandbox_id -> (lease_id, owner, instance_id)."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM bindings").fetchall()
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
     def all(self) -> dict[str, StoredSandbox]:
         with self._lock:

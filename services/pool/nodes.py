@@ -1,0 +1,239 @@
+"""How the pool talks to one exec node: the `NodeConnection` Protocol and its gRPC implementation.
+
+The pool's domain (swerl.pool.leases) only sees this Protocol, so the benchmark can put 1,000
+simulated in-process nodes behind it. Failures come back as the domain exceptions of
+swerl.pool.errors (NodeUnreachable, NodeImageMissing, NodeFull, NodeSandboxGone, NodeRejected).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from swerl.chassis.client import error_info, make_channel
+from swerl.chassis.timeconv import duration_pb
+from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.exec.v1 import sandbox_pb2_grpc
+from swerl.pool.errors import (
+    NodeFull,
+    NodeImageMissing,
+    NodeRejected,
+    NodeSandboxGone,
+    NodeUnreachable,
+)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    node_id: str
+    capacity: int
+    running: int
+    version: str
+    docker_healthy: bool
+    docker_error: str
+
+
+@dataclass(frozen=True)
+class SandboxFacts:
+    sandbox_id: str
+    image: str
+    lease_id: str
+    owner: str
+    instance_id: str
+    expire_time: float
+    running: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    request_id: str
+    image: str
+    ttl_s: float
+    lease_id: str = ""
+    owner: str = ""
+    instance_id: str = ""
+    workdir: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float = 0.0
+    memory_bytes: int = 0
+    pids: int = 0
+    network: int = 0  # swerl.exec.v1.NetworkMode
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class NodeConnection(Protocol):
+    """One exec node as the pool needs it. Every call has its own deadline."""
+
+    async def info(self) -> NodeFacts: ...
+
+    async def images(self) -> set[str]:
+        """Every name the node's images answer to: repo tags and ids."""
+        ...
+
+    async def create(self, request: CreateRequest) -> SandboxFacts: ...
+
+    async def bind(
+        self, sandbox_id: str, lease_id: str, owner: str, instance_id: str, ttl_s: float
+    ) -> SandboxFacts: ...
+
+    async def renew(self, sandbox_id: str, ttl_s: float) -> float:
+        """The sandbox's new expiry (unix seconds)."""
+        ...
+
+    async def destroy(self, sandbox_id: str) -> bool: ...
+
+    async def list_sandboxes(self) -> list[SandboxFacts]: ...
+
+    def watch_health(self) -> AsyncIterator[bool]:
+        """Yields whether the node is serving, at once and on every change; raises
+        NodeUnreachable when the watch breaks."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _facts(sandbox: pb.Sandbox) -> SandboxFacts:
+    return SandboxFacts(
+        sandbox_id=sandbox.sandbox_id,
+        image=sandbox.image,
+        lease_id=sandbox.lease_id,
+        owner=sandbox.owner,
+        instance_id=sandbox.instance_id,
+        expire_time=sandbox.expire_time.seconds + sandbox.expire_time.nanos / 1e9,
+        running=sandbox.state == pb.SANDBOX_STATE_RUNNING,
+        labels=dict(sandbox.labels),
+    )
+
+
+def _translate(err: grpc.aio.AioRpcError, address: str) -> Exception:
+    code = err.code()
+    reason, _ = error_info(err)
+    message = f"node {address}: {err.details()}"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) or (
+        code == grpc.StatusCode.CANCELLED
+    ):
+        return NodeUnreachable(message, address=address)
+    if reason == "IMAGE_NOT_PRESENT":
+        return NodeImageMissing(message)
+    if reason == "NODE_AT_CAPACITY":
+        return NodeFull(message)
+    if reason == "SANDBOX_NOT_FOUND":
+        return NodeSandboxGone(message)
+    return NodeRejected(message, code=code.name, reason=reason)
+
+
+# Node channels reconnect quickly: a restarted node must be seen again within a second or two,
+# not after gRPC's default reconnect backoff (up to two minutes).
+_NODE_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+class GrpcNodeConnection:
+    """A NodeConnection over the node's SandboxService and grpc.health.v1."""
+
+    def __init__(self, address: str, *, token: str | None, timeout_s: float = 60.0) -> None:
+        self.address = address
+        self._channel = make_channel(address, token=token, extra_options=_NODE_CHANNEL_OPTIONS)
+        self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._timeout_s = timeout_s
+
+    async def _call(self, method, request, timeout_s: float | None = None):
+        try:
+            return await method(request, timeout=timeout_s or self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _translate(err, self.address) from None
+
+    async def info(self) -> NodeFacts:
+        r = await self._call(self._stub.GetNodeInfo, pb.GetNodeInfoRequest(), 10.0)
+        return NodeFacts(
+            r.node_id, r.capacity, r.running, r.version, r.docker_healthy, r.docker_error
+        )
+
+    async def images(self) -> set[str]:
+        r = await self._call(self._stub.ListImages, pb.ListImagesRequest(), 30.0)
+        names: set[str] = set()
+        for image in r.images:
+            names.add(image.image_id)
+            names.update(image.repo_tags)
+        return names
+
+    async def create(self, request: CreateRequest) -> SandboxFacts:
+        r = await self._call(
+            self._stub.CreateSandbox,
+            pb.CreateSandboxRequest(
+                request_id=request.request_id,
+                image=request.image,
+                workdir=request.workdir,
+                env=dict(request.env),
+                resources=pb.Resources(
+                    cpus=request.cpus, memory_bytes=request.memory_bytes, pids=request.pids
+                ),
+                network=request.network,
+                labels=dict(request.labels),
+                ttl=duration_pb(request.ttl_s),
+                lease_id=request.lease_id,
+                owner=request.owner,
+                instance_id=request.instance_id,
+            ),
+        )
+        return _facts(r.sandbox)
+
+    async def bind(
+        self, sandbox_id: str, lease_id: str, owner: str, instance_id: str, ttl_s: float
+    ) -> SandboxFacts:
+        r = await self._call(
+            self._stub.BindSandbox,
+            pb.BindSandboxRequest(
+                request_id=f"bind-{sandbox_id}-{lease_id}",
+                sandbox_id=sandbox_id,
+                lease_id=lease_id,
+                owner=owner,
+                instance_id=instance_id,
+                ttl=duration_pb(ttl_s),
+            ),
+            10.0,
+        )
+        return _facts(r.sandbox)
+
+    async def renew(self, sandbox_id: str, ttl_s: float) -> float:
+        r = await self._call(
+            self._stub.RenewSandbox,
+            pb.RenewSandboxRequest(sandbox_id=sandbox_id, ttl=duration_pb(ttl_s)),
+            10.0,
+        )
+        return _facts(r.sandbox).expire_time
+
+    async def destroy(self, sandbox_id: str) -> bool:
+        r = await self._call(
+            self._stub.DestroySandbox,
+            pb.DestroySandboxRequest(request_id=f"destroy-{sandbox_id}", sandbox_id=sandbox_id),
+        )
+        return bool(r.existed)
+
+    async def list_sandboxes(self) -> list[SandboxFacts]:
+        r = await self._call(self._stub.ListSandboxes, pb.ListSandboxesRequest(), 30.0)
+        return [_facts(s) for s in r.sandboxes]
+
+    async def watch_health(self) -> AsyncIterator[bool]:
+        call = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
+        try:
+            async for response in call:
+                yield response.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.aio.AioRpcError as err:
+            raise NodeUnreachable(f"node {self.address}: {err.details()}") from None
+        finally:
+            call.cancel()
+        # The server ended the watch (it is shutting down): as good as unreachable.
+        raise NodeUnreachable(f"node {self.address}: health watch ended")
+
+    async def close(self) -> None:
+        await self._channel.close()

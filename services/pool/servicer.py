@@ -1,0 +1,188 @@
+"""PoolService: protos in, the Pool's domain calls, protos out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
+from swerl.pool.leases import AcquireRequest as DomainAcquire
+from swerl.pool.leases import Expiry, Lease, Node, Pool, Spec, Watcher
+from swerl.pool.v1 import pool_pb2 as pb
+from swerl.pool.v1 import pool_pb2_grpc
+
+
+def spec_from_pb(spec: pb.SandboxSpec) -> Spec:
+    return Spec(
+        workdir=spec.workdir,
+        env=dict(spec.env),
+        cpus=spec.resources.cpus,
+        memory_bytes=spec.resources.memory_bytes,
+        pids=spec.resources.pids,
+        network=spec.network,
+        labels=dict(spec.labels),
+    )
+
+
+def lease_to_pb(lease: Lease, *, with_token: bool) -> pb.Lease:
+    message = pb.Lease(
+        lease_id=lease.lease_id,
+        node_id=lease.node_id,
+        node_address=lease.node_address,
+        sandbox_id=lease.sandbox_id,
+        token=lease.token if with_token else "",
+        image=lease.image,
+        instance_id=lease.instance_id,
+        owner=lease.owner,
+        create_time=timestamp_pb(lease.create_time),
+        state=pb.LeaseState.Value("LEASE_STATE_" + lease.state),
+        from_warm_spare=lease.from_warm_spare,
+        wait_duration=duration_pb(lease.wait_duration_s),
+    )
+    if lease.expire_time:
+        message.expire_time.CopyFrom(timestamp_pb(lease.expire_time))
+    if lease.loss_reason:
+        message.loss_reason = pb.LeaseLossReason.Value("LEASE_LOSS_REASON_" + lease.loss_reason)
+    return message
+
+
+def node_to_pb(node: Node) -> pb.Node:
+    message = pb.Node(
+        node_id=node.node_id,
+        address=node.address,
+        state=pb.NodeState.Value("NODE_STATE_" + node.state),
+        capacity=node.capacity,
+        lease_count=len(node.leases),
+        warm_spare_count=sum(1 for s in node.spares.values() if s.ready and not s.destroying),
+        image_count=len(node.images),
+        labels=node.labels,
+        version=node.version,
+        register_time=timestamp_pb(node.register_time),
+        health_message=node.health_message,
+        consecutive_failures=node.failures,
+    )
+    if node.last_seen:
+        message.last_seen_time.CopyFrom(timestamp_pb(node.last_seen))
+    return message
+
+
+def _event_to_pb(event) -> pb.KeepAliveResponse:
+    if isinstance(event, Expiry):
+        return pb.KeepAliveResponse(
+            expiry=pb.KeepAliveExpiry(
+                lease_id=event.lease_id,
+                expire_time=timestamp_pb(event.expire_time),
+                token=event.token,
+            )
+        )
+    return pb.KeepAliveResponse(
+        lost=pb.LeaseLost(
+            lease_id=event.lease_id,
+            reason=pb.LeaseLossReason.Value("LEASE_LOSS_REASON_" + event.reason),
+            message=event.message,
+        )
+    )
+
+
+class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    async def AcquireLease(
+        self, request: pb.AcquireLeaseRequest, context
+    ) -> pb.AcquireLeaseResponse:
+        lease = await self._pool.acquire(
+            DomainAcquire(
+                image=request.image,
+                request_id=request.request_id,
+                instance_id=request.instance_id,
+                owner=request.owner,
+                ttl_s=seconds_of(request.ttl),
+                wait_s=seconds_of(request.wait_timeout),
+                spec=spec_from_pb(request.spec),
+                node_selector=dict(request.node_selector),
+            )
+        )
+        return pb.AcquireLeaseResponse(lease=lease_to_pb(lease, with_token=True))
+
+    async def KeepAlive(
+        self, request_iterator: AsyncIterator[pb.KeepAliveRequest], context
+    ) -> AsyncIterator[pb.KeepAliveResponse]:
+        watcher = self._pool.open_watcher()
+        reader = asyncio.get_running_loop().create_task(self._read(request_iterator, watcher))
+        try:
+            while True:
+                event = await watcher.events.get()
+                if event is None:
+                    return
+                yield _event_to_pb(event)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            self._pool.close_watcher(watcher)
+
+    async def _read(self, requests: AsyncIterator[pb.KeepAliveRequest], watcher: Watcher) -> None:
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("kind")
+                if kind == "watch":
+                    self._pool.watch(watcher, request.watch.lease_id)
+                elif kind == "renew":
+                    await self._pool.renew(
+                        watcher, request.renew.lease_id, seconds_of(request.renew.ttl)
+                    )
+        finally:
+            watcher.events.put_nowait(None)  # The holder closed its side: end the stream.
+
+    async def ReleaseLease(
+        self, request: pb.ReleaseLeaseRequest, context
+    ) -> pb.ReleaseLeaseResponse:
+        existed, lease = await self._pool.release(request.lease_id)
+        response = pb.ReleaseLeaseResponse(existed=existed)
+        if existed and lease is not None:
+            response.lease.CopyFrom(lease_to_pb(lease, with_token=False))
+        return response
+
+    async def Prewarm(self, request: pb.PrewarmRequest, context) -> pb.PrewarmResponse:
+        ready, pending = self._pool.prewarm(
+            request.image, request.count, spec_from_pb(request.spec)
+        )
+        return pb.PrewarmResponse(ready=ready, pending=pending)
+
+    async def ListLeases(self, request: pb.ListLeasesRequest, context) -> pb.ListLeasesResponse:
+        leases = self._pool.list_leases(
+            owner=request.owner,
+            node_id=request.node_id,
+            instance_id=request.instance_id,
+            image=request.image,
+            states=[
+                pb.LeaseState.Name(s).removeprefix("LEASE_STATE_")
+                for s in request.states
+                if s != pb.LEASE_STATE_UNSPECIFIED
+            ],
+        )
+        return pb.ListLeasesResponse(leases=[lease_to_pb(x, with_token=False) for x in leases])
+
+    async def ListNodes(self, request: pb.ListNodesRequest, context) -> pb.ListNodesResponse:
+        nodes = self._pool.list_nodes(
+            [
+                pb.NodeState.Name(s).removeprefix("NODE_STATE_")
+                for s in request.states
+                if s != pb.NODE_STATE_UNSPECIFIED
+            ]
+        )
+        return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in nodes])
+
+    async def RegisterNode(
+        self, request: pb.RegisterNodeRequest, context
+    ) -> pb.RegisterNodeResponse:
+        node = await self._pool.register_node(
+            request.node_id, request.address, request.capacity, dict(request.labels)
+        )
+        return pb.RegisterNodeResponse(node=node_to_pb(node))
+
+    async def DrainNode(self, request: pb.DrainNodeRequest, context) -> pb.DrainNodeResponse:
+        node = await self._pool.drain_node(request.node_id, request.evict)
+        return pb.DrainNodeResponse(node=node_to_pb(node))

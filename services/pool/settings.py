@@ -1,0 +1,50 @@
+"""Settings of the pool (`swerl pool serve`), from SWERL_POOL_* env vars and CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from swerl.chassis.settings import ServiceSettings
+
+
+class PoolSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SWERL_POOL_", extra="ignore")
+
+    port: int = 18090
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="static exec nodes as node_id=host:port (nodes may also register themselves)",
+    )
+    node_auth_token: SecretStr | None = Field(
+        None, description="bearer token for the exec nodes (default: the pool's auth token)"
+    )
+    capability_secret: SecretStr | None = Field(
+        None, description="secret shared with the nodes that signs lease capability tokens"
+    )
+    state_dir: Path = Field(Path("/var/lib/swerl/pool"), description="durable store directory")
+    max_leases: int = Field(0, ge=0, description="global cap on sandboxes (0: nodes' sum)")
+    default_ttl_s: float = Field(60.0, gt=0, description="lease lifetime when a request has none")
+    max_ttl_s: float = Field(24 * 3600.0, gt=0, description="longest lease lifetime")
+    default_wait_s: float = Field(60.0, ge=0, description="queue wait when a request has none")
+    max_wait_s: float = Field(3600.0, ge=0, description="longest queue wait")
+    node_expiry_slack_s: float = Field(
+        10.0,
+        ge=0,
+        description="nodes reap a sandbox this long after its lease's expiry (the pool renews"
+        " nodes lazily, and a restarted pool adopts leases within it)",
+    )
+    health_failure_threshold: int = Field(
+        3, ge=1, description="health checks failed in a row before a node's leases are lost"
+    )
+    health_retry_interval_s: float = Field(0.5, gt=0, description="pause between health checks")
+    expiry_interval_s: float = Field(0.25, gt=0, description="how often expiries are checked")
+    maintenance_interval_s: float = Field(
+        1.0, gt=0, description="how often spares, failed destroys and images are looked after"
+    )
+    image_refresh_interval_s: float = Field(30.0, gt=0, description="node image list refresh")
+    spare_ttl_s: float = Field(600.0, gt=0, description="node-side lifetime of a warm spare")
+    node_call_timeout_s: float = Field(60.0, gt=0, description="deadline of calls to nodes")
+    ended_retention_s: float = Field(300.0, ge=0, description="ENDED leases kept for ListLeases")
