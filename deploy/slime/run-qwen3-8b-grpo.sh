@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# GRPO training of a Qwen3-8B-class model on SWE tasks with slime and swerl.
+#
+# Runs on the head node of a Ray cluster inside slime's image (with `pip install swerl` added):
+#   1. starts the head-node services (pool, agent, optionally PRM) — as a Ray actor owned by the
+#      training job (SERVICES_MODE=ray-actor, the default: they stop with the job) or as
+#      background processes stopped when this script exits (SERVICES_MODE=processes);
+#   2. passes the plugin's settings to slime's RolloutManager through Ray's runtime env
+#      (SWERL_PLUGIN_*) and slime's --custom-config-path (swerl_* keys);
+#   3. submits slime's train.py with the swerl hooks.
+# Exec nodes run `swerl exec serve` on the Docker hosts (systemd); list them in EXEC_NODES.
+#
+#   SWERL_TOKEN=... SWERL_CAPABILITY_SECRET=... EXEC_NODES="n1=10.0.0.11:5000 n2=10.0.0.12:5000" \
+#     bash deploy/slime/run-qwen3-8b-grpo.sh
+#
+# Every variable below can be set from the environment. See deploy/slime/README.md.
+set -euo pipefail
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
+
+# -- where things are ---------------------------------------------------------------------------
+SLIME_DIR=${SLIME_DIR:-/root/slime}
+MEGATRON_DIR=${MEGATRON_DIR:-/root/Megatron-LM}
+HF_CHECKPOINT=${HF_CHECKPOINT:-/root/Qwen3-8B}
+REF_LOAD=${REF_LOAD:-/root/Qwen3-8B_torch_dist}
+SAVE_DIR=${SAVE_DIR:-/root/Qwen3-8B_swerl}
+PROMPT_DATA=${PROMPT_DATA:-/root/swe_train.jsonl}   # `swerl data prepare` output (text + metadata)
+ARTIFACT_DIR=${ARTIFACT_DIR:-/root/swerl-artifacts}  # per-episode traj.json, on the agent's host
+STATE_DIR=${STATE_DIR:-/var/lib/swerl}
+LOG_DIR=${LOG_DIR:-/tmp/swerl-head}
+
+# -- cluster ------------------------------------------------------------------------------------
+NUM_GPUS=${NUM_GPUS:-8}
+HEAD_IP=${HEAD_IP:-$(hostname -I | awk '{print $1}')}
+RAY_DASHBOARD=${RAY_DASHBOARD:-http://127.0.0.1:8265}
+START_RAY=${START_RAY:-1}
+
+# -- swerl --------------------------------------------------------------------------------------
+SERVICES_MODE=${SERVICES_MODE:-ray-actor}   # ray-actor | processes | external
+EXEC_NODES=${EXEC_NODES:-}                  # "node_id=host:port ..." for the pool
+WITH_PRM=${WITH_PRM:-0}                     # 1: start PrmService and shape rewards with it
+PRM_POLICY_ENDPOINT=${PRM_POLICY_ENDPOINT:-}   # SGLang router of the judge model (PRM on)
+DYNAMIC_HISTORY=${DYNAMIC_HISTORY:-0}       # 1: one training sample per turn
+AGENT_ADDRESSES=${AGENT_ADDRESSES:-${HEAD_IP}:18091}   # SERVICES_MODE=external: yours
+: "${SWERL_TOKEN:?set SWERL_TOKEN: the bearer token of the swerl services}"
+: "${SWERL_CAPABILITY_SECRET:?set SWERL_CAPABILITY_SECRET: shared by the pool and exec nodes}"
+
+# -- the run: the seeds' key arguments ----------------------------------------------------------
+CONTEXT_LEN=${CONTEXT_LEN:-16384}
+RESPONSE_LEN=${RESPONSE_LEN:-4096}
+N_SAMPLES=${N_SAMPLES:-8}
+ROLLOUT_BATCH=${ROLLOUT_BATCH:-8}
+MAX_TURNS=${MAX_TURNS:-50}
+
+SERVICES=pool,agent
+[[ "${WITH_PRM}" == 1 ]] && SERVICES=pool,prm,agent
+
+# The services' own settings (SWERL_<SVC>_*): one token for every hop here.
+SERVICE_ENV=(
+  "SWERL_POOL_AUTH_TOKEN=${SWERL_TOKEN}"
+  "SWERL_POOL_NODE_AUTH_TOKEN=${SWERL_TOKEN}"
+  "SWERL_POOL_CAPABILITY_SECRET=${SWERL_CAPABILITY_SECRET}"
+  "SWERL_AGENT_AUTH_TOKEN=${SWERL_TOKEN}"
+  "SWERL_AGENT_POOL_TOKEN=${SWERL_TOKEN}"
+  "SWERL_AGENT_PRM_TOKEN=${SWERL_TOKEN}"
+  "SWERL_PRM_AUTH_TOKEN=${SWERL_TOKEN}"
+  "SWERL_PRM_POLICY_ENDPOINT=${PRM_POLICY_ENDPOINT}"
+)
+# The plugin's settings, read inside slime's RolloutManager actor.
+PLUGIN_ENV=(
+  "SWERL_PLUGIN_AGENT_ADDRESSES=${AGENT_ADDRESSES}"
+  "SWERL_PLUGIN_AGENT_TOKEN=${SWERL_TOKEN}"
+  "SWERL_PLUGIN_DYNAMIC_HISTORY=$([[ ${DYNAMIC_HISTORY} == 1 ]] && echo true || echo false)"
+  "SWERL_PLUGIN_PRM_ENABLED=$([[ ${WITH_PRM} == 1 ]] && echo true || echo false)"
+  "SWERL_PLUGIN_ARTIFACT_DIR=${ARTIFACT_DIR}"
+)
+
+# The same settings as slime custom-config keys (swerl_*; they win over the env vars). Limits live
+# here so a run's YAML records them.
+PLUGIN_CONFIG=${PLUGIN_CONFIG:-${LOG_DIR}/swerl-plugin.yaml}
+mkdir -p "${LOG_DIR}"
+cat >"${PLUGIN_CONFIG}" <<YAML
+swerl_max_turns: ${MAX_TURNS}
+swerl_max_context_tokens: ${CONTEXT_LEN}
+swerl_command_timeout_s: 180
+swerl_eval_timeout_s: 600
+swerl_episode_deadline_s: 3600
+swerl_prm_m: 3
+swerl_prm_coef: 0.2
+YAML
+
+# -- slime arguments ----------------------------------------------------------------------------
+# shellcheck disable=SC1091
+source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"   # MODEL_ARGS of the 8B architecture
+
+CKPT_ARGS=(--hf-checkpoint "${HF_CHECKPOINT}" --ref-load "${REF_LOAD}" --save "${SAVE_DIR}"
+  --save-interval 20)
+ROLLOUT_ARGS=(
+  --prompt-data "${PROMPT_DATA}" --input-key text --metadata-key metadata --rollout-shuffle
+  --num-rollout 3000 --rollout-batch-size "${ROLLOUT_BATCH}" --n-samples-per-prompt "${N_SAMPLES}"
+  --rollout-max-context-len "${CONTEXT_LEN}" --rollout-max-response-len "${RESPONSE_LEN}"
+  --rollout-temperature 1.0 --global-batch-size $((ROLLOUT_BATCH * N_SAMPLES))
+  # Groups with infra failures are dropped and resampled: ask for a few more than needed.
+  --over-sampling-batch-size $((ROLLOUT_BATCH + ROLLOUT_BATCH / 2))
+)
+GRPO_ARGS=(--advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.0 --kl-loss-type low_var_kl
+  --entropy-coef 0.0 --eps-clip 0.2 --eps-clip-high 0.28)
+OPTIMIZER_ARGS=(--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1
+  --adam-beta1 0.9 --adam-beta2 0.98)
+PERF_ARGS=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1
+  --context-parallel-size 1 --sequence-parallel --recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size
+  --max-tokens-per-gpu "${CONTEXT_LEN}")
+SGLANG_ARGS=(--rollout-num-gpus-per-engine 2 --sglang-mem-fraction-static 0.7)
+MISC_ARGS=(--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
+  --attention-softmax-in-fp32 --attention-backend flash)
+SWERL_ARGS=(
+  --custom-generate-function-path swerl.trainer_plugin.generate
+  --custom-rm-path swerl.trainer_plugin.reward_func
+  --custom-rollout-log-function-path swerl.trainer_plugin.log_rollout_data
+  --dynamic-sampling-filter-path swerl.trainer_plugin.filter_infra_failures
+  --custom-reward-post-process-path swerl.trainer_plugin.post_process_rewards
+  --custom-config-path "${PLUGIN_CONFIG}"
+)
+TRAIN=(python3 "${SLIME_DIR}/train.py" --actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_GPUS}"
+  --colocate "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${GRPO_ARGS[@]}"
+  "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}" "${MISC_ARGS[@]}" "${SWERL_ARGS[@]}")
+
+# -- Ray ----------------------------------------------------------------------------------------
+if [[ "${START_RAY}" == 1 ]]; then
+  ray start --head --node-ip-address "${HEAD_IP}" --num-gpus "${NUM_GPUS}" \
+    --disable-usage-stats --dashboard-host 0.0.0.0 --dashboard-port 8265
+fi
+
+runtime_env() {  # JSON of Ray's runtime env: PYTHONPATH plus the given KEY=VALUE pairs
+  python3 - "$@" <<'PY'
+import json, os, sys
+env = dict(pair.split("=", 1) for pair in sys.argv[1:])
+env["PYTHONPATH"] = os.environ["RUNTIME_PYTHONPATH"]
+env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+print(json.dumps({"env_vars": env}))
+PY
+}
+export RUNTIME_PYTHONPATH="${MEGATRON_DIR}:${SLIME_DIR}"
+
+# -- head-node services and the job -------------------------------------------------------------
+read -r -a NODES <<<"${EXEC_NODES}"
+PIDS=()
+stop_processes() {
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "-${PIDS[i]}" 2>/dev/null || true   # the process group: drain, then exit
+  done
+  wait || true
+}
+
+case "${SERVICES_MODE}" in
+  ray-actor)
+    # The job's entrypoint owns the services: head_services.py starts them in a Ray actor pinned
+    # to this node, runs train.py, and stops them; a stopped or crashed job takes them along.
+    ray job submit --address "${RAY_DASHBOARD}" \
+      --runtime-env-json "$(runtime_env "${SERVICE_ENV[@]}" "${PLUGIN_ENV[@]}")" \
+      -- python3 "${SCRIPT_DIR}/head_services.py" --services "${SERVICES}" \
+      --exec-nodes "${NODES[@]}" --state-dir "${STATE_DIR}" --log-dir "${LOG_DIR}" \
+      -- "${TRAIN[@]}"
+    ;;
+  processes)
+    trap stop_processes EXIT
+    start() {  # name port args...
+      local name=$1 port=$2
+      shift 2
+      env "${SERVICE_ENV[@]}" setsid "$@" --host 0.0.0.0 --port "${port}" \
+        >>"${LOG_DIR}/${name}.log" 2>&1 &
+      PIDS+=($!)
+      python3 "${SCRIPT_DIR}/head_services.py" --wait-serving "127.0.0.1:${port}" \
+        --timeout-s 120 || { echo "${name} did not come up; see ${LOG_DIR}/${name}.log" >&2; exit 1; }
+    }
+    start pool 18090 swerl pool serve --state-dir "${STATE_DIR}/pool" --nodes "${NODES[@]}"
+    if [[ "${WITH_PRM}" == 1 ]]; then
+      start prm 18092 swerl prm serve
+      SERVICE_ENV+=("SWERL_AGENT_PRM_ADDRESS=127.0.0.1:18092")
+    fi
+    SERVICE_ENV+=("SWERL_AGENT_POOL_ADDRESS=127.0.0.1:18090")
+    start agent 18091 swerl agent serve
+    ray job submit --address "${RAY_DASHBOARD}" \
+      --runtime-env-json "$(runtime_env "${PLUGIN_ENV[@]}")" -- "${TRAIN[@]}"
+    ;;
+  external)
+    # Services run elsewhere (systemd, compose); AGENT_ADDRESSES names the agents.
+    ray job submit --address "${RAY_DASHBOARD}" \
+      --runtime-env-json "$(runtime_env "${PLUGIN_ENV[@]}")" -- "${TRAIN[@]}"
+    ;;
+  *)
+    echo "SERVICES_MODE must be ray-actor, processes or external" >&2
+    exit 2
+    ;;
+esac
