@@ -54,9 +54,14 @@ def async_retrying(
     initial_wait_s: float = 0.2,
     max_wait_s: float = 5.0,
     reasons: Iterable[str] = RETRYABLE_REASONS,
+    retry_on: Callable[[BaseException], bool] | None = None,
 ) -> tenacity.AsyncRetrying:
-    """An `AsyncRetrying` applying the policy; the last failure is re-raised as is."""
-    policy = _policy(max_attempts, max_delay_s, initial_wait_s, max_wait_s, reasons)
+    """An `AsyncRetrying` applying the policy; the last failure is re-raised as is.
+
+    `retry_on` replaces the gRPC predicate for calls that are not gRPC (e.g. HTTP to a model
+    server: retry only connection errors); waits and stops stay the policy's.
+    """
+    policy = _policy(max_attempts, max_delay_s, initial_wait_s, max_wait_s, reasons, retry_on)
     return tenacity.AsyncRetrying(**policy)
 
 
@@ -79,11 +84,11 @@ def _policy(
     initial_wait_s: float,
     max_wait_s: float,
     reasons: Iterable[str],
+    retry_on: Callable[[BaseException], bool] | None = None,
 ) -> dict[str, Any]:
+    predicate = retry_on or functools.partial(is_retryable, reasons=frozenset(reasons))
     return {
-        "retry": tenacity.retry_if_exception(
-            functools.partial(is_retryable, reasons=frozenset(reasons))
-        ),
+        "retry": tenacity.retry_if_exception(predicate),
         # Jitter spreads the retries of many clients that failed together (a node restart).
         "wait": _exponential_jitter(initial_wait_s, max_wait_s),
         "stop": tenacity.stop_after_attempt(max_attempts) | tenacity.stop_after_delay(max_delay_s),
