@@ -56,6 +56,7 @@ TURN_INDEX = "turn_index"
 NUM_TURNS = "num_turns"
 PRM_SCORES = "prm_scores"
 AGENT_ADDRESS = "agent_address"
+CANCELLED_BY = "cancelled_by"
 
 Decoder = Callable[[list[int]], str]
 
@@ -206,6 +207,7 @@ def _episode_metadata(
         EPISODE_ID: outcome.episode_id,
         ROLLOUT_ID: rollout_id_of(template, outcome.episode_id),
         AGENT_ADDRESS: outcome.address,
+        CANCELLED_BY: outcome.cancelled_by,
         TURN_INDEX: turn_index,
         INFRA_ERROR: False,
         ERROR_REASON: "",

@@ -17,6 +17,7 @@ UNAVAILABLE before it sent anything is retried on the next address with swerl's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 import weakref
@@ -192,6 +193,10 @@ async def _attempt(
             pass  # the call has already ended; the reader gets its status
         reader = asyncio.ensure_future(_read(call, outcome))
         await _watch(call, reader, outcome, settings, should_cancel, deadline)
+        if outcome.result is not None:
+            # Half-close: nothing more to say, so a server still reading requests can finish.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.done_writing()
     except asyncio.CancelledError:
         call.cancel()
         if reader is not None:

@@ -308,6 +308,7 @@ async def test_abort_flag_sends_cancel_and_every_call_returns_promptly(slime, sa
         samples = slime.check_call_result(out, per_turn=True)
         assert all(s.status is slime.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
         assert samples[0].metadata["episode_status"] == "CANCELLED"
+        assert samples[0].metadata["cancelled_by"] == "abort"
 
 
 async def test_agent_ignoring_cancel_has_its_call_cancelled_after_the_grace(slime, sampling_params):
@@ -332,6 +333,7 @@ async def test_overall_deadline_cancels_the_episode(slime, sampling_params):
         assert len(server.agent.cancels) == 1
     (got,) = slime.check_call_result(out, per_turn=False)
     assert got.status is slime.Sample.Status.ABORTED and got.reward == 0.0
+    assert got.metadata["cancelled_by"] == "deadline"
 
 
 async def test_cancelled_generate_task_cancels_the_stream(slime, sampling_params):
