@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
 from google.protobuf import struct_pb2
 
 from swerl.agent.v1 import agent_pb2
@@ -28,6 +29,8 @@ from swerl.trainer_plugin.instance import InstanceError, sample_instance
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
+
+_log = structlog.get_logger("swerl.trainer_plugin")
 
 
 class PluginConfigError(ValueError):
@@ -68,11 +71,35 @@ async def generate(
         outcome = await run_episode(
             start, agent_directory(settings), settings, slime_glue.abort_requested
         )
+    _log_outcome(outcome)
     decode = _decoder(settings)
     # Cloning samples and decoding long responses is CPU work: keep it off slime's event loop.
     return await asyncio.to_thread(
         convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode
     )
+
+
+def _log_outcome(outcome: EpisodeOutcome) -> None:
+    result = outcome.result
+    if result is None:
+        _log.warning(
+            "episode.no_result",
+            episode_id=outcome.episode_id,
+            agent=outcome.address,
+            reason=outcome.failure_reason,
+            detail=outcome.failure_message,
+            cancelled_by=outcome.cancelled_by,
+            elapsed_s=round(outcome.elapsed_s, 3),
+        )
+    elif result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR:
+        _log.warning(
+            "episode.infra_error",
+            episode_id=outcome.episode_id,
+            agent=outcome.address,
+            reason=result.error_reason,
+            detail=result.error_message,
+            elapsed_s=round(outcome.elapsed_s, 3),
+        )
 
 
 async def reward_func(args: Any, sample_or_samples: Any, **kwargs: Any) -> Any:
