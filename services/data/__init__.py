@@ -1,0 +1,1 @@
+"""Dataset tools: Hugging Face SWE-bench / SWE-Gym datasets into slime JSONL (`swerl data`)."""
