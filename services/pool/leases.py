@@ -910,8 +910,8 @@ class Pool:
         if lease.state == ACTIVE:
             self._end(lease, RELEASED, "released")
         if lease.destroying is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(lease.destroying)
+            # Bounded: a node that hangs leaves the lease RELEASING (retried in the background).
+            await asyncio.wait([lease.destroying], timeout=self.settings.release_wait_s)
         return True, lease
 
     def _end(self, lease: Lease, reason: str, message: str, *, destroy: bool = True) -> None:

@@ -47,4 +47,7 @@ class PoolSettings(ServiceSettings):
     image_refresh_interval_s: float = Field(30.0, gt=0, description="node image list refresh")
     spare_ttl_s: float = Field(600.0, gt=0, description="node-side lifetime of a warm spare")
     node_call_timeout_s: float = Field(60.0, gt=0, description="deadline of calls to nodes")
+    release_wait_s: float = Field(
+        5.0, ge=0, description="how long ReleaseLease waits for the node's destroy confirmation"
+    )
     ended_retention_s: float = Field(300.0, ge=0, description="ENDED leases kept for ListLeases")
