@@ -1,0 +1,1 @@
+"""Getting a dataset's task images onto the exec nodes (`swerl images pull` / `status`)."""
