@@ -1,0 +1,83 @@
+"""`swerl prm serve` (the PRM judge service) and `swerl prm scripted-judge` (a scripted judge
+model server speaking SGLang's /generate, for demos and local runs without a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from swerl.chassis.logging import configure_logging
+from swerl.chassis.settings import add_settings_arguments, settings_from_args
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from swerl.prm.server import PrmServer
+    from swerl.prm.settings import PrmSettings
+
+    settings = settings_from_args(PrmSettings, args)
+    configure_logging(settings.log_format, settings.log_level)
+
+    async def main() -> None:
+        server = PrmServer(settings)
+        port = await server.start()
+        print(
+            f"swerl prm serving on {settings.host}:{port} (judge {settings.backend}"
+            f" at {settings.judge_url})",
+            flush=True,
+        )
+        await server.serve_until_signal()
+
+    asyncio.run(main())
+    return 0
+
+
+def _scripted(args: argparse.Namespace) -> int:
+    from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+    from swerl.prm.scripted import Reply, ScriptedJudge
+
+    configure_logging("console", "warning")
+    replies = [Reply(text=text.replace("\\n", "\n")) for text in args.reply]
+    judge = ScriptedJudge(
+        args.tokenizer_path or bundled_qwen3_tokenizer_dir(), default=replies, host=args.host
+    )
+
+    async def main() -> None:
+        await judge.start(args.port)
+        print(f"scripted judge serving /generate on {judge.url}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await judge.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from swerl.prm.settings import PrmSettings
+
+    prm = subparsers.add_parser("prm", help="the PRM judge service")
+    commands = prm.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve PrmService over a judge model")
+    add_settings_arguments(serve, PrmSettings)
+    serve.set_defaults(handler=_serve)
+
+    scripted = commands.add_parser(
+        "scripted-judge", help="a scripted judge model server (SGLang /generate) for demos"
+    )
+    scripted.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    scripted.add_argument("--port", type=int, default=30000, help="HTTP port")
+    scripted.add_argument(
+        "--tokenizer-path", type=Path, help="judge tokenizer to decode prompts (default: Qwen3)"
+    )
+    scripted.add_argument(
+        "--reply",
+        nargs="+",
+        default=["The step helps.\\n\\boxed{+1}"],
+        help="answers played in order, the last repeating",
+    )
+    scripted.set_defaults(handler=_scripted)
