@@ -141,24 +141,21 @@ class Lease:
 
     async def _session(self) -> None:
         """One KeepAlive stream; returns when the lease is lost or the pool ended the stream."""
-        if time.time() >= self.expire_time:
+        # Past its expiry by far, the nodes have reaped the sandbox whatever the pool says.
+        if time.time() >= self.expire_time + max(30.0, 2 * self._ttl_s):
             self._set_lost("EXPIRED", "the lease could not be renewed before its expiry")
             return
-        outbox: asyncio.Queue[pb.KeepAliveRequest] = asyncio.Queue()
         renew = pb.KeepAliveRequest(
             renew=pb.KeepAliveRenew(lease_id=self.lease_id, ttl=duration_pb(self._ttl_s))
         )
-
-        async def requests() -> AsyncIterator[pb.KeepAliveRequest]:
-            while True:
-                yield await outbox.get()
+        call = self._pool.stub.KeepAlive()
 
         async def ticker() -> None:
-            while True:
-                outbox.put_nowait(renew)
-                await asyncio.sleep(self._interval_s)
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                while True:
+                    await call.write(renew)
+                    await asyncio.sleep(self._interval_s)
 
-        call = self._pool.stub.KeepAlive(requests())
         tick = asyncio.get_running_loop().create_task(ticker())
         try:
             async for response in call:
@@ -172,6 +169,8 @@ class Lease:
                     return
         finally:
             tick.cancel()
+            with contextlib.suppress(BaseException):
+                await tick
             call.cancel()
 
     async def release(self) -> bool:
