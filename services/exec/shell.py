@@ -49,25 +49,42 @@ READY_TIMEOUT_S = 60.0
 READ_CHUNK = 256 * 1024
 # Output events queued for a slow caller before the FIFOs stop being read (backpressure).
 PAUSE_AT, RESUME_AT = 64, 8
+# FIFOs of a supervisor besides its stdio: the watchdog's and the workers' batons.
+_SIDE_FIFOS = ("ctl", "baton0", "baton1")
+# The watchdog reads a timeout as %012.3f seconds.
+MAX_TIMEOUT_S = 99_999_999.0
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _generation = itertools.count(1)
 
 
+# Bytes that cannot stand as themselves inside $'...': the quote and backslash, control bytes
+# and everything outside ASCII (escaped so a framed command's length in bytes is its length in
+# characters whatever the container's locale).
+_NEEDS_ESCAPE = re.compile(rb"[\x00-\x1f\x27\x5c\x7f-\xff]")
+_ESCAPES = {
+    byte: (b"\\" + bytes([byte]) if byte in (0x5C, 0x27) else b"\\%03o" % byte)
+    for byte in range(256)
+}
+
+
+def _escape(match: re.Match[bytes]) -> bytes:
+    return _ESCAPES[match[0][0]]
+
+
 def bash_quote(value: str) -> bytes:
-    """ANSI-C quoting ($'...') that round-trips any NUL-free text, newlines included."""
+    """ANSI-C quoting ($'...') that round-trips any NUL-free text, newlines included; the
+    result is ASCII."""
     raw = value.encode("utf-8", "surrogateescape")
     if b"\0" in raw:
         raise InvalidCommand("commands, paths and environment values cannot contain NUL bytes")
-    out = bytearray(b"$'")
-    for byte in raw:
-        if byte in (0x5C, 0x27):  # backslash, single quote
-            out += b"\\" + bytes([byte])
-        elif byte < 0x20 or byte == 0x7F:
-            out += b"\\%03o" % byte
-        else:
-            out.append(byte)
-    out += b"'"
-    return bytes(out)
+    return b"$'" + _NEEDS_ESCAPE.sub(_escape, raw) + b"'"
+
+
+def frame(line: bytes) -> bytes:
+    """A command line as the workers read it: 8 decimal digits of length, then the line."""
+    if len(line) > 99_999_999:
+        raise InvalidCommand("the command, its cwd and environment are too large once quoted")
+    return b"%08d" % len(line) + line
 
 
 def env_script(env: Mapping[str, str]) -> str:
@@ -192,7 +209,7 @@ class Supervisor:
         env: Mapping[str, str],
     ) -> Supervisor:
         gen = next(_generation)
-        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", "ctl", "baton", "who")}
+        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", *_SIDE_FIFOS)}
         for path in names.values():
             _mkfifo(path)
         flags = {"in": os.O_WRONLY, "out": os.O_RDONLY, "err": os.O_RDONLY}
@@ -220,7 +237,7 @@ class Supervisor:
             sup._attach()
             boot = (
                 f"__swerl_io={CONTAINER_IO_DIR}; __swerl_ctl={inside['ctl']};"
-                f" __swerl_baton={inside['baton']}; __swerl_who={inside['who']};"
+                f" __swerl_baton0={inside['baton0']}; __swerl_baton1={inside['baton1']};"
                 f" __swerl_token={sup.token}\n".encode()
                 + SUPERVISOR_SCRIPT
                 + b"\n"
@@ -350,7 +367,7 @@ class Supervisor:
         for fd in (self.fd_in, self.fd_out, self.fd_err):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        for name in ("ctl", "baton", "who"):
+        for name in _SIDE_FIFOS:
             with contextlib.suppress(OSError):
                 (self.io_dir / f"{name}.{self.gen}").unlink()
 
@@ -668,7 +685,7 @@ class CommandRun:
         line = b" ".join(
             [
                 self.nonce.encode(),
-                f"{max(spec.timeout_s, 0.001):.3f}".encode(),
+                b"%012.3f" % min(max(spec.timeout_s, 0.001), MAX_TIMEOUT_S),
                 b"s" if spec.session else b"i",
                 b"1" if spec.notify_started or spec.open_stdin else b"0",
                 bash_quote(spec.cwd),
@@ -686,7 +703,7 @@ class CommandRun:
                     asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
                 )
                 self._opening = opening
-            await sup.write(line + b"\n")
+            await sup.write(frame(line))
             if self._stdin_fifo is not None:
                 await self._await_stdin(opening)
             await self._done

@@ -6,13 +6,22 @@
 # Commands and output go through the FIFOs directly, not through dockerd, which is what makes a
 # round trip about a millisecond.
 #
-# The supervisor never runs a command in its own context. It keeps a *worker* forked ahead of
-# time: a job-control subshell (its own process group) holding the supervisor's clean state,
-# blocked reading the next command line from the shared stdin. So the fork (the dominant cost,
-# ~0.5 ms) happens while the previous command runs instead of on the critical path. The worker
-# arms the watchdog, runs the command, and exits; the supervisor then kills whatever is left of
-# the worker's process group, reports, and forks another worker. One watchdog job per supervisor
-# enforces timeouts inside the container without a fork per command.
+# The supervisor never runs a command in its own context. It keeps *workers* forked ahead of
+# time: job-control subshells (each its own process group) holding the supervisor's clean state.
+# A worker reads one command, arms the watchdog, runs the command and exits; the supervisor then
+# kills whatever is left of its process group, reports, and forks another worker. The fork (the
+# dominant cost, ~0.4 ms) happens while the node handles the result, off the critical path.
+#
+# Per command the supervisor wakes once (its worker ended) and nothing else is told anything:
+#   - Two workers are alive between commands. Worker N may read stdin only after worker N-1 has
+#     read its own command: it waits for one byte on baton FIFO N%2 and, once its command is in,
+#     writes one byte to baton (N+1)%2. Each baton has a single possible reader at any time, so
+#     commands go to workers in fork order and the supervisor knows which pid to wait for.
+#   - The node frames each command as 8 decimal digits of length, then that many ASCII bytes,
+#     read with `read -N`: one read(2) each, where a plain `read` on a pipe takes a system call
+#     per byte.
+#   - The watchdog hears once per command (arm); a command that ended needs no disarm, because
+#     the next arm replaces it and an overrun only kills a process group that still exists.
 #
 # Framing: NUL-delimited markers on stdout carrying a per-supervisor token chosen by the node
 # (commands never see it; they run strictly one after another):
@@ -24,32 +33,37 @@
 # to $__swerl_io/pgid for signals. Everything else is the command's own output, byte for byte.
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
-# __swerl_ctl, __swerl_baton and __swerl_who (FIFOs in it for the watchdog, the workers' turn to
-# read, and the pid of the worker that took a command) and __swerl_token.
+# __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog and the workers'
+# turns to read) and __swerl_token.
 
 set +o history +o errexit +o nounset +o pipefail 2>/dev/null
 __swerl_dir=/tmp/.swerl
 command mkdir -p "$__swerl_dir" 2>/dev/null
 __swerl_session="$__swerl_dir/session.sh"
 
-# The watchdog reads "arm NONCE PGID SECONDS" / "disarm" lines. While armed, a read that times
-# out means the command overran: it leaves a flag file for the supervisor, then kills the whole
-# process group. It holds none of the supervisor's output FIFOs (so a dead supervisor's output
-# ends at once), and exits when the supervisor is gone.
+# The watchdog reads one 24-byte message per command, "PGID(%010d) SECONDS(%012.3f)\n", written
+# by the worker as it starts the command: it arms the watchdog for that command and replaces the
+# previous one, which has ended by then. If no message comes within the armed command's
+# seconds and its process group still exists, the command overran: the watchdog leaves the pgid
+# in the timeout file for the supervisor, then kills the whole group. It holds none of the
+# supervisor's output FIFOs (so a dead supervisor's output ends at once); idle, it checks every
+# 5 s that the supervisor lives and exits when it is gone.
 __swerl_watchdog() {
-  local verb n pgid t boss=$$
+  local m pgid=0 t=5 boss=$$
   exec 8<>"$__swerl_ctl" </dev/null >/dev/null 2>&1
   while :; do
-    if ! read -r -t 5 verb n pgid t <&8; then
-      kill -0 "$boss" 2>/dev/null || exit 0
+    if IFS= read -r -N 24 -t "$t" m <&8; then
+      pgid=$((10#${m:0:10}))
+      t=${m:11:12}
+      t=$((10#${t%.*})).${t#*.}
       continue
     fi
-    [ "$verb" = arm ] || continue
-    if ! read -r -t "$t" verb <&8; then
-      : >"$__swerl_io/timeout"
+    if [ "$pgid" != 0 ] && kill -0 -- "-$pgid" 2>/dev/null; then
+      printf '%d\n' "$pgid" >"$__swerl_io/timeout"
       kill -KILL -- "-$pgid" 2>/dev/null
-      read -r verb <&8
     fi
+    pgid=0 t=5
+    kill -0 "$boss" 2>/dev/null || exit 0
   done
 }
 
@@ -75,11 +89,11 @@ __swerl_save_session() {
   command mv -f "$__swerl_session.tmp" "$__swerl_session"
 }
 
-# A command line is: NONCE TIMEOUT_S MODE(i|s) NOTIFY(0|1) CWD STDIN_PATH ENV_SCRIPT COMMAND,
+# A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) CWD STDIN_PATH ENV_SCRIPT COMMAND,
 # each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's process group.
 __swerl_command() {
   local __n=$1 __t=$2 __m=$3 __no=$4 __cwd=$5 __in=${6:-/dev/null} __envs=$7 __cmd=$8
-  printf 'arm %s %d %s\n' "$__n" "$BASHPID" "$__t" >&9
+  printf '%010d %s\n' "$BASHPID" "$__t" >&9
   printf '%s %d\n' "$__n" "$BASHPID" >"$__swerl_io/pgid"
   exec 9>&- <"$__in"
   [ "$__no" = 1 ] && printf '\0SWERL:%s:S:%d\0' "$__swerl_token" "$BASHPID"
@@ -96,41 +110,43 @@ __swerl_command() {
   eval "$__cmd"
 }
 
+# $1: the fd of this worker's baton, $2: the fd of the next worker's.
 __swerl_worker() {
-  local __line __baton
-  # Only the worker holding the baton reads stdin, so two idle workers never split a line.
-  read -r -u 7 __baton
+  local __len __line
+  read -r -N 1 -u "$1" __len
   # End of input means the node is gone: take the supervisor down with us.
-  IFS= read -r __line || { kill -KILL "$$"; exit 0; }
-  printf 'x\n' >&7
-  # Tell the supervisor which worker (and so which process group) runs this command.
-  printf '%d\n' "$BASHPID" >&6
+  IFS= read -r -N 8 __len && [ ${#__len} = 8 ] || { kill -KILL "$$"; exit 0; }
+  IFS= read -r -N "$((10#$__len))" __line || { kill -KILL "$$"; exit 0; }
+  printf x >&"$2"
   exec 6>&- 7>&-
   eval "__swerl_command $__line"
 }
 
-# Two workers are alive between commands: both forked ahead, one of them holding the baton. The
-# worker that takes a command line reports its pid, the supervisor waits for exactly that pid
-# (bash keeps the status of a child that already ended, so a fast command cannot be missed),
-# kills what is left of its process group, reports, and forks a replacement while the node is
-# busy with the result.
+# Workers take commands in the order they were forked (see the batons above): the supervisor
+# waits for exactly the oldest one (bash keeps the status of a child that already ended, so a
+# fast command cannot be missed), kills what is left of its process group, reports, and forks a
+# replacement while the node is busy with the result.
 __swerl_loop() {
   # Names start with __ so commands (forked from here) neither see nor save them as their own.
-  local __rc __cur
-  __swerl_worker &
-  __swerl_worker &
+  local __rc __cur __next __even=1 __t
+  __swerl_worker 6 7 &
+  __cur=$!
+  __swerl_worker 7 6 &
+  __next=$!
   while :; do
-    read -r __cur <&6
     wait "$__cur" 2>/dev/null
     __rc=$?
-    printf 'disarm\n' >&9
     kill -KILL -- "-$__cur" 2>/dev/null
-    if [ -e "$__swerl_io/timeout" ]; then
-      rm -f "$__swerl_io/timeout"
-      printf '\0SWERL:%s:T\0' "$__swerl_token"
+    if [ -s "$__swerl_io/timeout" ]; then
+      read -r __t <"$__swerl_io/timeout"
+      : >"$__swerl_io/timeout"
+      [ "$__t" = "$__cur" ] && printf '\0SWERL:%s:T\0' "$__swerl_token"
     fi
     printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$__rc"
-    __swerl_worker &
+    __cur=$__next
+    if [ "$__even" = 1 ]; then __swerl_worker 6 7 & else __swerl_worker 7 6 & fi
+    __next=$!
+    __even=$((1 - __even))
   done
 }
 
@@ -142,5 +158,5 @@ __swerl_start() {
 
 set -m
 __swerl_watchdog &
-exec 9>"$__swerl_ctl" 7<>"$__swerl_baton" 6<>"$__swerl_who"
-printf 'x\n' >&7
+exec 9>"$__swerl_ctl" 6<>"$__swerl_baton0" 7<>"$__swerl_baton1"
+printf x >&6
