@@ -96,15 +96,19 @@ class PrmClient:
         request = judge_request(step, votes=votes, seed=seed)
         started = time.monotonic()
         deadline = started + limit_s
+        last_failure = ""
         try:
             async for attempt in async_retrying(max_delay_s=limit_s):
                 with attempt:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        return failed_verdict(
-                            f"JudgeStep ran past its {limit_s:g} s limit", limit_s
-                        )
-                    response = await self.stub.JudgeStep(request, timeout=remaining)
+                        message = f"JudgeStep ran past its {limit_s:g} s limit; {last_failure}"
+                        return failed_verdict(message, limit_s)
+                    try:
+                        response = await self.stub.JudgeStep(request, timeout=remaining)
+                    except grpc.RpcError as err:
+                        last_failure = _describe(err)
+                        raise
                     return verdict_from_pb(response)
         except grpc.RpcError as err:
             return failed_verdict(_describe(err), time.monotonic() - started)
