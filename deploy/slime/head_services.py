@@ -166,7 +166,7 @@ def default_specs(
         if name == "agent":
             env["SWERL_AGENT_POOL_ADDRESS"] = f"127.0.0.1:{DEFAULT_PORTS['pool']}"
             if "prm" in services:
-                env["SWERL_AGENT_PRM_ADDRESS"] = f"127.0.0.1:{DEFAULT_PORTS['prm']}"
+                env["SWERL_AGENT_PRM_ENDPOINT"] = f"127.0.0.1:{DEFAULT_PORTS['prm']}"
         specs.append(ServiceSpec(name=name, argv=argv, port=port, env=env, host="127.0.0.1"))
     return specs
 

@@ -39,7 +39,8 @@ START_RAY=${START_RAY:-1}
 SERVICES_MODE=${SERVICES_MODE:-ray-actor}   # ray-actor | processes | external
 EXEC_NODES=${EXEC_NODES:-}                  # "node_id=host:port ..." for the pool
 WITH_PRM=${WITH_PRM:-0}                     # 1: start PrmService and shape rewards with it
-PRM_POLICY_ENDPOINT=${PRM_POLICY_ENDPOINT:-}   # SGLang router of the judge model (PRM on)
+PRM_JUDGE_URL=${PRM_JUDGE_URL:-}            # SGLang router of the judge model (PRM on)
+PRM_JUDGE_TOKENIZER=${PRM_JUDGE_TOKENIZER:-}  # the judge model's HF tokenizer directory
 DYNAMIC_HISTORY=${DYNAMIC_HISTORY:-0}       # 1: one training sample per turn
 AGENT_ADDRESSES=${AGENT_ADDRESSES:-${HEAD_IP}:18091}   # SERVICES_MODE=external: yours
 : "${SWERL_TOKEN:?set SWERL_TOKEN: the bearer token of the swerl services}"
@@ -61,11 +62,15 @@ SERVICE_ENV=(
   "SWERL_POOL_NODE_AUTH_TOKEN=${SWERL_TOKEN}"
   "SWERL_POOL_CAPABILITY_SECRET=${SWERL_CAPABILITY_SECRET}"
   "SWERL_AGENT_AUTH_TOKEN=${SWERL_TOKEN}"
-  "SWERL_AGENT_POOL_TOKEN=${SWERL_TOKEN}"
-  "SWERL_AGENT_PRM_TOKEN=${SWERL_TOKEN}"
+  "SWERL_AGENT_POOL_AUTH_TOKEN=${SWERL_TOKEN}"
   "SWERL_PRM_AUTH_TOKEN=${SWERL_TOKEN}"
-  "SWERL_PRM_POLICY_ENDPOINT=${PRM_POLICY_ENDPOINT}"
 )
+if [[ "${WITH_PRM}" == 1 ]]; then
+  : "${PRM_JUDGE_URL:?set PRM_JUDGE_URL (the judge's SGLang router) when WITH_PRM=1}"
+  : "${PRM_JUDGE_TOKENIZER:?set PRM_JUDGE_TOKENIZER (the judge's tokenizer) when WITH_PRM=1}"
+  SERVICE_ENV+=("SWERL_PRM_JUDGE_URL=${PRM_JUDGE_URL}"
+    "SWERL_PRM_JUDGE_TOKENIZER_PATH=${PRM_JUDGE_TOKENIZER}")
+fi
 # The plugin's settings, read inside slime's RolloutManager actor.
 PLUGIN_ENV=(
   "SWERL_PLUGIN_AGENT_ADDRESSES=${AGENT_ADDRESSES}"
@@ -177,7 +182,7 @@ case "${SERVICES_MODE}" in
     start pool 18090 swerl pool serve --state-dir "${STATE_DIR}/pool" --nodes "${NODES[@]}"
     if [[ "${WITH_PRM}" == 1 ]]; then
       start prm 18092 swerl prm serve
-      SERVICE_ENV+=("SWERL_AGENT_PRM_ADDRESS=127.0.0.1:18092")
+      SERVICE_ENV+=("SWERL_AGENT_PRM_ENDPOINT=127.0.0.1:18092")
     fi
     SERVICE_ENV+=("SWERL_AGENT_POOL_ADDRESS=127.0.0.1:18090")
     start agent 18091 swerl agent serve

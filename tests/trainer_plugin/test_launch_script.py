@@ -92,7 +92,13 @@ def test_settings_reach_the_plugin_through_the_runtime_env_and_the_custom_config
     tmp_path, monkeypatch
 ):
     (call,) = run_script(
-        tmp_path, SERVICES_MODE="external", DYNAMIC_HISTORY="1", WITH_PRM="1", MAX_TURNS="40"
+        tmp_path,
+        SERVICES_MODE="external",
+        DYNAMIC_HISTORY="1",
+        WITH_PRM="1",
+        MAX_TURNS="40",
+        PRM_JUDGE_URL="http://10.0.0.9:30000",
+        PRM_JUDGE_TOKENIZER="/models/judge",
     )
     env, train = _submit_parts(call)
     # What slime does in the RolloutManager: the runtime env is the process env, and every
@@ -112,7 +118,9 @@ def test_settings_reach_the_plugin_through_the_runtime_env_and_the_custom_config
 
 
 def test_ray_actor_mode_makes_the_job_own_the_head_services(tmp_path):
-    (call,) = run_script(tmp_path, WITH_PRM="1")
+    (call,) = run_script(
+        tmp_path, WITH_PRM="1", PRM_JUDGE_URL="http://j:30000", PRM_JUDGE_TOKENIZER="/m/judge"
+    )
     env, entry = _submit_parts(call)
     assert entry[:2] == ["python3", str(ROOT / "deploy/slime/head_services.py")]
     assert _flag(entry, "--services") == "pool,prm,agent"
@@ -123,6 +131,7 @@ def test_ray_actor_mode_makes_the_job_own_the_head_services(tmp_path):
     # The services read their tokens from the same runtime env.
     assert env["SWERL_POOL_AUTH_TOKEN"] == "tok" and env["SWERL_POOL_CAPABILITY_SECRET"] == "sec"
     assert env["SWERL_PLUGIN_AGENT_TOKEN"] == "tok"
+    assert env["SWERL_PRM_JUDGE_URL"] == "http://j:30000"
 
 
 def test_the_script_refuses_to_start_without_a_token(tmp_path):
