@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from swerl.chassis.retry import async_retrying
+from swerl.prm import metrics
 from swerl.prm.backends import JudgeBackend, RenderedPrompt
 from swerl.prm.errors import (
     InvalidStepIndex,
@@ -95,7 +96,9 @@ class Judge:
             return tally(failed, duration_s=time.monotonic() - started)
         sampled = await asyncio.gather(*(self._vote(prompt, s) for s in seeds))
         model = await self.backend.model_name() if any(not v.error for v in sampled) else ""
-        return tally(sampled, judge_model=model, duration_s=time.monotonic() - started)
+        verdict = tally(sampled, judge_model=model, duration_s=time.monotonic() - started)
+        metrics.JUDGMENTS.labels(verdict.state.value).inc()
+        return verdict
 
     async def _render(self, step: StepToJudge) -> RenderedPrompt:
         budget = self.config.max_prompt_tokens
@@ -115,8 +118,11 @@ class Judge:
         try:
             text = await self._sample(prompt, seed)
         except JudgeCallError as exc:
+            metrics.VOTES.labels("failed").inc()
             return Vote(seed=seed, text="", value=0, error=str(exc))
-        return Vote(seed=seed, text=text, value=parse_verdict(text))
+        vote = Vote(seed=seed, text=text, value=parse_verdict(text))
+        metrics.VOTES.labels("valid" if vote.valid else "invalid").inc()
+        return vote
 
     async def _sample(self, prompt: RenderedPrompt, seed: int) -> str:
         timeout_s = self.config.request_timeout_s
@@ -130,6 +136,8 @@ class Judge:
                 async with self._slots:
                     self.in_flight += 1
                     self.max_in_flight = max(self.max_in_flight, self.in_flight)
+                    metrics.JUDGE_CALLS_IN_FLIGHT.inc()
+                    call_started = time.monotonic()
                     try:
                         return await asyncio.wait_for(self.backend.sample(prompt, seed), timeout_s)
                     except asyncio.TimeoutError as exc:
@@ -138,6 +146,8 @@ class Judge:
                         ) from exc
                     finally:
                         self.in_flight -= 1
+                        metrics.JUDGE_CALLS_IN_FLIGHT.dec()
+                        metrics.JUDGE_CALL_DURATION.observe(time.monotonic() - call_started)
         raise AssertionError("unreachable: the retry policy re-raises the last failure")
 
     async def close(self) -> None:

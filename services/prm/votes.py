@@ -101,14 +101,21 @@ def tally(votes: Sequence[Vote], *, judge_model: str = "", duration_s: float = 0
     FAILED when the judge could not be queried for any vote; NO_VALID_VOTES when it answered
     but no answer held a verdict; SCORED otherwise (votes that failed count as invalid).
     """
-    votes = tuple(votes)
-    common = {"votes": votes, "judge_model": judge_model, "duration_s": duration_s}
-    answered = [vote for vote in votes if not vote.error]
+    sampled = tuple(votes)
+    answered = [vote for vote in sampled if not vote.error]
+    valid = [vote.value for vote in sampled if vote.valid]
     if not answered:
-        errors = sorted({vote.error for vote in votes})
-        message = "; ".join(errors) or "no votes were sampled"
-        return Verdict(JudgeState.FAILED, error_message=message, **common)
-    valid = [vote.value for vote in votes if vote.valid]
-    if not valid:
-        return Verdict(JudgeState.NO_VALID_VOTES, **common)
-    return Verdict(JudgeState.SCORED, score=sum(valid) / len(valid), **common)
+        errors = sorted({vote.error for vote in sampled})
+        state, score, message = JudgeState.FAILED, 0.0, "; ".join(errors) or "no votes sampled"
+    elif not valid:
+        state, score, message = JudgeState.NO_VALID_VOTES, 0.0, ""
+    else:
+        state, score, message = JudgeState.SCORED, sum(valid) / len(valid), ""
+    return Verdict(
+        state,
+        votes=sampled,
+        score=score,
+        error_message=message,
+        judge_model=judge_model,
+        duration_s=duration_s,
+    )

@@ -3,6 +3,7 @@ goes on."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from prm_testkit import make_step
@@ -42,6 +43,12 @@ async def test_a_judgment_past_the_callers_limit_fails_that_step_and_the_next_on
     assert "DEADLINE_EXCEEDED" in slow.error_message
     assert elapsed < 5
     assert fine.state is JudgeState.SCORED
+    # The abandoned judgment gave its slot back and its hung HTTP call was cancelled.
+    for _ in range(100):
+        if running.server.judge.in_flight == 0 and judge.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert (running.server.judge.in_flight, judge.in_flight) == (0, 0)
 
 
 async def test_a_refused_request_gives_a_failed_verdict_with_code_and_reason(scripted, prm):

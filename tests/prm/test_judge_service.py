@@ -304,3 +304,38 @@ async def test_judgments_report_scored_votes_to_the_client_as_a_verdict(scripted
     assert result.score == 1.0
     assert result.valid_votes == 1
     assert sorted(v.value for v in result.votes) == [0, 1]
+
+
+async def test_chat_template_settings_reach_the_judges_template(
+    scripted, prm, policy_tokenizer_dir
+):
+    # A Qwen3 judge with thinking switched off: its template opens an empty think block.
+    judge = await scripted(tokenizer_path=policy_tokenizer_dir)
+    running = await prm(
+        judge.url,
+        judge_tokenizer_path=policy_tokenizer_dir,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+
+    await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+
+    assert judge.requests[0].prompt_text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+async def test_votes_and_judgments_are_counted_in_the_metrics(scripted, prm):
+    from prometheus_client import REGISTRY
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    judge = await scripted(default=[verdict(1), MALFORMED])
+    running = await prm(judge.url)
+    before = {o: value("swerl_prm_votes_total", outcome=o) for o in ("valid", "invalid")}
+    scored_before = value("swerl_prm_judgments_total", state="SCORED")
+
+    await running.stub.JudgeStep(judge_request(make_step(), votes=2), timeout=30)
+
+    assert value("swerl_prm_votes_total", outcome="valid") == before["valid"] + 1
+    assert value("swerl_prm_votes_total", outcome="invalid") == before["invalid"] + 1
+    assert value("swerl_prm_judgments_total", state="SCORED") == scored_before + 1
+    assert value("swerl_prm_judge_calls_in_flight") == 0

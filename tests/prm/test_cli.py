@@ -1,0 +1,96 @@
+"""`swerl prm serve` as a process, and the settings it is built from."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+
+import pytest
+from prm_testkit import make_step
+from pydantic import ValidationError
+
+from swerl.chassis.client import make_channel
+from swerl.prm.client import PrmClient
+from swerl.prm.scripted import verdict
+from swerl.prm.settings import PrmSettings
+from swerl.prm.votes import JudgeState
+
+
+async def test_swerl_prm_serve_judges_through_its_judge_and_exits_0_on_sigterm(
+    scripted, judge_tokenizer_dir
+):
+    judge = await scripted(default=[verdict(-1)])
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "prm",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--insecure",
+        "--judge-url",
+        judge.url,
+        "--judge-tokenizer-path",
+        str(judge_tokenizer_dir),
+        "--default-votes",
+        "2",
+        "--log-level",
+        "warning",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "SWERL_PRM_MAX_CONCURRENT_REQUESTS": "4"},
+    )
+    try:
+        banner = ""
+        while "serving on" not in banner:
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            assert line, "swerl prm serve exited before serving"
+            banner = line.decode()
+        port = int(re.search(r":(\d+) ", banner).group(1))
+        channel = make_channel(f"127.0.0.1:{port}")
+        try:
+            result = await PrmClient(channel).judge_step(make_step(), timeout_s=30)
+        finally:
+            await channel.close()
+
+        assert result.state is JudgeState.SCORED
+        assert result.score == -1.0
+        assert len(result.votes) == 2
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 30)
+    assert code == 0
+
+
+def test_the_sglang_backend_needs_the_judges_own_tokenizer():
+    with pytest.raises(ValidationError, match="judge_tokenizer_path is required"):
+        PrmSettings(insecure=True)
+
+
+def test_the_openai_backend_needs_a_model_name():
+    with pytest.raises(ValidationError, match="judge_model is required"):
+        PrmSettings(insecure=True, backend="openai")
+
+
+def test_the_default_vote_count_cannot_exceed_the_maximum(tmp_path):
+    with pytest.raises(ValidationError, match="default_votes"):
+        PrmSettings(insecure=True, judge_tokenizer_path=tmp_path, default_votes=5, max_votes=4)
+
+
+def test_settings_come_from_swerl_prm_env_vars(monkeypatch, tmp_path):
+    monkeypatch.setenv("SWERL_PRM_JUDGE_TOKENIZER_PATH", str(tmp_path))
+    monkeypatch.setenv("SWERL_PRM_MAX_CONCURRENT_REQUESTS", "7")
+    monkeypatch.setenv("SWERL_PRM_CHAT_TEMPLATE_KWARGS", '{"enable_thinking": false}')
+
+    settings = PrmSettings(insecure=True)
+
+    assert settings.port == 18092
+    assert settings.max_concurrent_requests == 7
+    assert settings.chat_template_kwargs == {"enable_thinking": False}
