@@ -1,0 +1,573 @@
+"""One episode: lease a sandbox, loop policy turn → command → observation, grade, reward.
+
+`Episode.run()` emits `agent.v1` messages (started, turns, PRM scores, evaluation) through a
+callback and returns the final `EpisodeResult`. Everything that goes wrong after the start ends
+in a result, never an exception: infrastructure failures are INFRA_ERROR with no reward,
+`cancel()` ends the episode CANCELLED (the running policy call and command are abandoned, the
+sandbox released), a policy abort ends it ABORTED. CPU work (rendering, tokenizing, decoding,
+prompt copies) runs in the agent's thread pool so hundreds of episodes share one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from swerl.agent.config import AgentConfig
+from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
+from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
+from swerl.agent.sandbox import SandboxHandle, SandboxProvider
+from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.timeconv import duration_pb
+from swerl.exec.v1 import evaluate_pb2
+
+T = TypeVar("T")
+S = pb.EpisodeStatus
+_GRADED = {S.EPISODE_STATUS_SUBMITTED, S.EPISODE_STATUS_LIMIT_TURNS}
+_GRADED |= {S.EPISODE_STATUS_LIMIT_CONTEXT, S.EPISODE_STATUS_LIMIT_TIME}
+_OUTPUT_HEAD_CHARS = 1000
+
+
+@dataclass(frozen=True)
+class PrmSpec:
+    enabled: bool = False
+    endpoint: str = ""
+    m: int = 0
+    coef: float = 0.0
+    seed: int = 0
+    timeout_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class StepToJudge:
+    """What a PRM judge gets for one turn (seam for swerl.prm)."""
+
+    turn_index: int
+    issue: str
+    history: list[dict[str, str]]
+    response: str
+    action: str
+    exit_code: int
+    output: str
+    seed: int
+
+
+class StepJudge(Protocol):
+    """Scores one step; returns (state, score, valid_votes). Implemented over PrmService."""
+
+    async def judge(self, step: StepToJudge) -> tuple[int, float, int]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    episode_id: str
+    instance: evaluate_pb2.SweInstance
+    config: AgentConfig
+    api: int  # pb.PolicyApi
+    endpoint: str
+    model: str
+    sampling_params: dict[str, Any]
+    request_timeout_s: float
+    max_turns: int
+    max_context_tokens: int
+    max_new_tokens: int
+    wall_timeout_s: float
+    command_timeout_s: float
+    eval_timeout_s: float
+    dynamic_history: bool = False
+    artifact_dir: str = ""
+    skip_evaluation: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    owner: str = ""
+    prm: PrmSpec = PrmSpec()
+
+
+@dataclass
+class Clock:
+    started: float = field(default_factory=time.monotonic)
+    model_s: float = 0.0
+    env_s: float = 0.0
+    eval_s: float | None = None
+    agent_s: float = 0.0
+
+
+class Episode:
+    def __init__(
+        self,
+        spec: EpisodeSpec,
+        *,
+        provider: SandboxProvider,
+        executor: Executor | None,
+        emit: Callable[[pb.RunEpisodeResponse], None],
+        codec: ChatCodec | None = None,
+        token_policy: TokenPolicy | None = None,
+        chat_policy: ChatPolicy | None = None,
+        judge: StepJudge | None = None,
+        write_artifacts: Callable[..., Awaitable[str]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._provider = provider
+        self._executor = executor
+        self._emit = emit
+        self._codec = codec
+        self._token_policy = token_policy
+        self._chat_policy = chat_policy
+        self._judge = judge
+        self._write_artifacts = write_artifacts
+        self.clock = Clock()
+        self.status = S.EPISODE_STATUS_UNSPECIFIED
+        self.error_reason = ""
+        self.error_message = ""
+        self.trajectory: Trajectory | None = None
+        self.messages: list[dict[str, str]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.turns = 0
+        self.tool_calls = 0
+        self.submission: str | None = None
+        self.patch = b""
+        self.report: evaluate_pb2.EvaluationReport | None = None
+        self.reward: float | None = None
+        self.scores: dict[int, pb.StepScore] = {}
+        self._prm_tasks: list[asyncio.Task[None]] = []
+        self._work: asyncio.Task[None] | None = None
+        self._cancel_reason: str | None = None
+
+    # -- control -------------------------------------------------------------------------------
+
+    def cancel(self, reason: str) -> None:
+        """Ends the episode CANCELLED at once (idempotent)."""
+        if self._cancel_reason is None:
+            self._cancel_reason = reason or "cancelled"
+            if self._work is not None:
+                self._work.cancel()
+
+    async def run(self) -> pb.EpisodeResult:
+        self._work = asyncio.get_running_loop().create_task(self._body())
+        if self._cancel_reason is not None:
+            self._work.cancel()
+        try:
+            await self._work
+        except asyncio.CancelledError:
+            if self._cancel_reason is None:
+                raise  # the whole call was cancelled: nothing to return
+            self._end(S.EPISODE_STATUS_CANCELLED, "CANCELLED", self._cancel_reason)
+        except EpisodeInfraError as err:
+            self._end(S.EPISODE_STATUS_INFRA_ERROR, err.reason, err.message)
+        except PolicyUnavailable as err:
+            self._end(S.EPISODE_STATUS_INFRA_ERROR, err.reason, err.message)
+        finally:
+            for task in self._prm_tasks:
+                task.cancel()
+        if self.status not in _GRADED or self.report is None:
+            self.reward = None
+        return await self._result()
+
+    def _end(self, status: int, reason: str = "", message: str = "") -> None:
+        self.status = status
+        self.error_reason, self.error_message = reason, message
+
+    # -- the episode ---------------------------------------------------------------------------
+
+    async def _body(self) -> None:
+        spec = self.spec
+        instance = spec.instance
+        lease_started = time.monotonic()
+        async with self._provider.lease(
+            instance.image_name,
+            owner=spec.owner or f"agent/{spec.episode_id}",
+            instance_id=instance.instance_id,
+            request_id=f"{spec.episode_id}-agent",
+            workdir=spec.config.workdir,
+        ) as sandbox:
+            prompt_tokens = await self._first_prompt()
+            self._emit(
+                pb.RunEpisodeResponse(
+                    started=pb.EpisodeStarted(
+                        lease_id=sandbox.lease_id,
+                        sandbox_id=sandbox.sandbox_id,
+                        node_id=sandbox.node_id,
+                        lease_wait_duration=duration_pb(time.monotonic() - lease_started),
+                        prompt_tokens=prompt_tokens,
+                    )
+                )
+            )
+            agent_started = time.monotonic()
+            loop = asyncio.get_running_loop().create_task(self._agent_loop(sandbox))
+            try:
+                done, _ = await asyncio.wait({loop}, timeout=spec.wall_timeout_s)
+                if not done:
+                    loop.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await loop
+                    self._end(S.EPISODE_STATUS_LIMIT_TIME)
+                else:
+                    loop.result()
+            finally:
+                if not loop.done():
+                    loop.cancel()
+                self.clock.agent_s = time.monotonic() - agent_started
+            if self.status in _GRADED:
+                if self.submission is not None:
+                    self.patch = self.submission.encode()
+                else:
+                    self.patch = await self._guarded(sandbox, sandbox.diff())
+        # The agent's sandbox is released here, before the grading sandbox is leased.
+        if self.status in _GRADED and not spec.skip_evaluation:
+            await self._evaluate()
+        if self._prm_tasks:
+            await asyncio.gather(*self._prm_tasks, return_exceptions=True)
+
+    async def _first_prompt(self) -> int:
+        spec, config = self.spec, self.spec.config
+        system = config.render("system_template")
+        user = config.render(
+            "instance_template", task=spec.instance.problem_statement, instance=spec.instance
+        )
+        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        if self._codec is None:
+            return 0
+        prompt_ids = await self._cpu(self._codec.render_prompt, system, user)
+        self.trajectory = Trajectory(prompt_ids)
+        return len(prompt_ids)
+
+    async def _agent_loop(self, sandbox: SandboxHandle) -> None:
+        spec = self.spec
+        window = None
+        if self.trajectory is not None and self._codec is not None:
+            codec = self._codec
+
+            def marker(n: int) -> list[int]:
+                return codec.user_message_ids(spec.config.render("omission_template", n_omitted=n))
+
+            window = ContextWindow(
+                self.trajectory.prompt_ids,
+                codec.header_ids,
+                marker,
+                ContextPolicy(spec.max_context_tokens),
+            )
+        for index in range(spec.max_turns):
+            turns_left = spec.max_turns - index - 1
+            trimmed = False
+            started = time.monotonic()
+            if window is not None:
+                assert self._token_policy is not None and self.trajectory is not None
+                try:
+                    prompt, trimmed = await self._cpu(window.next_prompt, spec.max_new_tokens)
+                except ContextExhausted as err:
+                    self._end(S.EPISODE_STATUS_LIMIT_CONTEXT, "", str(err))
+                    return
+                gen = await self._guarded(
+                    sandbox, self._token_policy.generate(prompt, spec.max_new_tokens)
+                )
+            else:
+                assert self._chat_policy is not None
+                prompt = []
+                gen = await self._guarded(
+                    sandbox, self._chat_policy.chat(self.messages, spec.max_new_tokens)
+                )
+            model_s = time.monotonic() - started
+            self.clock.model_s += model_s
+            if gen.finish_reason == "abort":
+                self._end(S.EPISODE_STATUS_ABORTED, "POLICY_ABORTED", "the policy aborted")
+                return
+            self.turns += 1
+            text = await self._response_text(gen)
+            if self.trajectory is not None:
+                self.trajectory.add_turn(prompt, gen.output_ids, gen.logprobs, gen.weight_version)
+            self.messages.append({"role": "assistant", "content": text})
+            turn = await self._act(sandbox, index, text, turns_left)
+            turn.index = index
+            turn.prompt_tokens = len(prompt)
+            turn.response_tokens = len(gen.output_ids)
+            turn.context_trimmed = trimmed
+            turn.finish_reason = gen.finish_reason
+            turn.model_duration.CopyFrom(duration_pb(model_s))
+            observation = self.messages[-1]["content"] if not turn.submitted else ""
+            if turn.submitted:
+                self._emit(pb.RunEpisodeResponse(turn=turn))
+                self._end(S.EPISODE_STATUS_SUBMITTED)
+                return
+            if self.trajectory is not None and self._codec is not None:
+                delta = await self._cpu(self._codec.observation_delta, gen.output_ids, observation)
+                self.trajectory.set_delta(delta)
+                turn.observation_tokens = len(delta)
+                if window is not None:
+                    window.append(self.trajectory.units[-1])
+            self._emit(pb.RunEpisodeResponse(turn=turn))
+        self._end(S.EPISODE_STATUS_LIMIT_TURNS)
+
+    async def _response_text(self, gen: Generation) -> str:
+        if self._codec is not None and gen.output_ids:
+            return await self._cpu(self._codec.decode, gen.output_ids)
+        return gen.text or ""
+
+    async def _act(
+        self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
+    ) -> pb.EpisodeTurn:
+        spec, config = self.spec, self.spec.config
+        action = parse_action(text)
+        step: dict[str, Any] = {"turn": index, "response": text}
+        self.steps.append(step)
+        if action.command is None:
+            observation = render_format_error(
+                config, n_blocks=action.n_blocks, turns_left=turns_left
+            )
+            self.messages.append({"role": "user", "content": observation})
+            step.update(format_error=True, n_blocks=action.n_blocks)
+            self._schedule_prm(index, text, None, 0, "")
+            return pb.EpisodeTurn(format_error=True)
+        env = {**config.env, **spec.env}
+        started = time.monotonic()
+        result = await self._guarded(
+            sandbox,
+            sandbox.run(
+                action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
+            ),
+        )
+        exec_s = time.monotonic() - started
+        self.clock.env_s += exec_s
+        self.tool_calls += 1
+        output = result.output.decode(errors="replace")
+        submitted = submission(output, result.exit_code)
+        step.update(
+            action=action.command,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            exec_s=round(exec_s, 4),
+            output_bytes=len(result.output),
+        )
+        turn = pb.EpisodeTurn(
+            action=action.command,
+            exit_code=result.exit_code,
+            timed_out=result.timed_out,
+            output_head=output[:_OUTPUT_HEAD_CHARS],
+            output_bytes=len(result.output) + result.bytes_dropped,
+            submitted=submitted is not None,
+            exec_duration=duration_pb(exec_s),
+        )
+        if submitted is not None:
+            self.submission = submitted
+            self.messages.append({"role": "user", "content": output})
+        else:
+            observation = await self._cpu(
+                lambda: render_observation(
+                    config,
+                    exit_code=result.exit_code,
+                    output=output,
+                    timed_out=result.timed_out,
+                    timeout_s=spec.command_timeout_s,
+                    turns_left=turns_left,
+                )
+            )
+            self.messages.append({"role": "user", "content": observation})
+        self._schedule_prm(index, text, action.command, result.exit_code, output)
+        return turn
+
+    async def _guarded(self, sandbox: SandboxHandle, work: Awaitable[T]) -> T:
+        """Awaits `work` unless the lease is lost first (then INFRA_ERROR/LEASE_LOST)."""
+        task = asyncio.ensure_future(work)
+        lost = asyncio.ensure_future(sandbox.lost.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+        if task.done() and not task.cancelled():
+            if sandbox.lost.is_set() and task.exception() is not None:
+                reason, message = sandbox.lost_detail()
+                raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
+            return task.result()
+        reason, message = sandbox.lost_detail()
+        raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
+
+    async def _evaluate(self) -> None:
+        spec = self.spec
+        started = time.monotonic()
+        try:
+            if not self.patch.strip():
+                # Nothing to apply: the grade needs no sandbox (Evaluate would answer the same).
+                self.report = evaluate_pb2.EvaluationReport(
+                    instance_id=spec.instance.instance_id,
+                    status=evaluate_pb2.EVALUATION_STATUS_UNRESOLVED,
+                    error_reason="EMPTY_PATCH",
+                    error_message="the agent changed nothing",
+                )
+            else:
+                async with self._provider.lease(
+                    spec.instance.image_name,
+                    owner=spec.owner or f"agent/{spec.episode_id}",
+                    instance_id=spec.instance.instance_id,
+                    request_id=f"{spec.episode_id}-eval",
+                    workdir=None,
+                ) as grader:
+                    self.report = await self._guarded(
+                        grader, grader.evaluate(spec.instance, self.patch, spec.eval_timeout_s)
+                    )
+        finally:
+            self.clock.eval_s = time.monotonic() - started
+        self._emit(pb.RunEpisodeResponse(evaluation=self.report))
+        if self.report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
+            raise EpisodeInfraError(
+                "EVALUATION_INFRA_ERROR",
+                f"{self.report.error_reason}: {self.report.error_message}",
+            )
+        resolved = self.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+        self.reward = 1.0 if resolved else -1.0
+
+    # -- PRM seam ------------------------------------------------------------------------------
+
+    def _schedule_prm(
+        self, index: int, response: str, action: str | None, exit_code: int, output: str
+    ) -> None:
+        prm = self.spec.prm
+        if not prm.enabled:
+            return
+        if action is None:
+            self._score(pb.StepScore(turn_index=index, state=pb.STEP_SCORE_STATE_NOT_JUDGED))
+            return
+        if self._judge is None:
+            self._score(pb.StepScore(turn_index=index, state=pb.STEP_SCORE_STATE_FAILED))
+            return
+        step = StepToJudge(
+            turn_index=index,
+            issue=self.spec.instance.problem_statement,
+            history=list(self.messages[:-1]),
+            response=response,
+            action=action,
+            exit_code=exit_code,
+            output=output,
+            seed=prm.seed + index * max(prm.m, 1),
+        )
+        self._prm_tasks.append(asyncio.ensure_future(self._judge_step(step)))
+
+    async def _judge_step(self, step: StepToJudge) -> None:
+        assert self._judge is not None
+        try:
+            state, score, votes = await asyncio.wait_for(
+                self._judge.judge(step), self.spec.prm.timeout_s
+            )
+        except Exception:
+            state, score, votes = pb.STEP_SCORE_STATE_FAILED, 0.0, 0
+        self._score(
+            pb.StepScore(turn_index=step.turn_index, score=score, valid_votes=votes, state=state)
+        )
+
+    def _score(self, score: pb.StepScore) -> None:
+        self.scores[score.turn_index] = score
+        self._emit(pb.RunEpisodeResponse(prm_score=score))
+
+    # -- result --------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        c = self.clock
+        total = time.monotonic() - c.started
+        m: dict[str, float] = {
+            "turns": float(self.turns),
+            "tool_calls": float(self.tool_calls),
+            "model_query_time_sum": c.model_s,
+            "env_execution_time_sum": c.env_s,
+            "agent_run_time": c.agent_s,
+            "total_time": total,
+        }
+        if c.eval_s is not None:
+            m["eval_time"] = c.eval_s
+        m["overhead_time"] = max(0.0, total - c.model_s - c.env_s - (c.eval_s or 0.0))
+        if self.turns:
+            m["time_per_turn"] = c.agent_s / self.turns
+            m["model_query_time_avg"] = c.model_s / self.turns
+        if self.tool_calls:
+            m["env_execution_time_avg"] = c.env_s / self.tool_calls
+        if total > 0:
+            m["model_time_ratio"] = c.model_s / total
+            m["env_time_ratio"] = c.env_s / total
+            if c.eval_s is not None:
+                m["eval_time_ratio"] = c.eval_s / total
+        return m
+
+    def _record_pb(self, record: TokenRecordData, reward: float | None) -> pb.TokenRecord:
+        record.check()
+        message = pb.TokenRecord(
+            prompt_ids=record.prompt_ids,
+            response_ids=record.response_ids,
+            loss_mask=record.loss_mask,
+            logprobs=record.logprobs,
+            weight_versions=record.weight_versions,
+        )
+        if reward is not None:
+            message.reward = reward
+        return message
+
+    def _shaped(self, turn_index: int | None) -> float | None:
+        if self.reward is None:
+            return None
+        prm = self.spec.prm
+        if not prm.enabled or not prm.coef:
+            return self.reward
+        scored = [s for s in self.scores.values() if s.state == pb.STEP_SCORE_STATE_SCORED]
+        if turn_index is None:
+            bonus = sum(s.score for s in scored) / len(scored) if scored else 0.0
+        else:
+            s = self.scores.get(turn_index)
+            bonus = s.score if s is not None and s.state == pb.STEP_SCORE_STATE_SCORED else 0.0
+        return self.reward + prm.coef * bonus
+
+    async def _result(self) -> pb.EpisodeResult:
+        spec = self.spec
+        result = pb.EpisodeResult(
+            episode_id=spec.episode_id,
+            status=self.status,
+            patch=self.patch,
+            error_reason=self.error_reason,
+            error_message=self.error_message[:2000],
+        )
+        if self.reward is not None:
+            result.reward = self.reward
+        if self.report is not None:
+            result.report.CopyFrom(self.report)
+        if self.trajectory is not None and self.trajectory.units:
+            trajectory = self.trajectory
+            if spec.dynamic_history:
+                records = [
+                    self._record_pb(r, self._shaped(i))
+                    for i, r in enumerate(trajectory.turn_records)
+                ]
+                result.turns.extend(records)
+            else:
+                whole = await self._cpu(trajectory.whole_record)
+                result.trajectory.CopyFrom(self._record_pb(whole, self._shaped(None)))
+        if spec.prm.enabled:
+            result.step_scores.extend(self.scores[i] for i in sorted(self.scores))
+        result.metrics.update(self.metrics())
+        if spec.artifact_dir and self._write_artifacts is not None:
+            with contextlib.suppress(OSError):
+                result.artifact_dir = await self._write_artifacts(self, result)
+        return result
+
+    async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def sampling_params_of(struct: Mapping[str, Any]) -> dict[str, Any]:
+    """Struct numbers are floats; SGLang wants ints for the integer keys."""
+    params = dict(struct)
+    for key in ("top_k", "max_new_tokens", "min_new_tokens", "sampling_seed", "n"):
+        value = params.get(key)
+        if isinstance(value, float) and value.is_integer():
+            params[key] = int(value)
+    if isinstance(params.get("stop_token_ids"), list):
+        params["stop_token_ids"] = [int(x) for x in params["stop_token_ids"]]
+    return params

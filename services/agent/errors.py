@@ -1,0 +1,47 @@
+"""Errors of the agent service: bad starts are refused with a status; everything after the
+episode started ends in a result (INFRA_ERROR and friends), never in an RPC error."""
+
+from __future__ import annotations
+
+from swerl.chassis.errors import InvalidArgument, SwerlError
+
+
+class StartRequired(InvalidArgument):
+    reason = "EPISODE_START_REQUIRED"
+
+
+class InvalidEpisodeStart(InvalidArgument):
+    reason = "INVALID_EPISODE_START"
+
+
+class UnknownConfig(InvalidArgument):
+    reason = "UNKNOWN_AGENT_CONFIG"
+
+
+class TokenizerUnavailable(InvalidArgument):
+    reason = "TOKENIZER_UNAVAILABLE"
+
+
+class EpisodeRunning(SwerlError):
+    code = "ALREADY_EXISTS"
+    reason = "EPISODE_RUNNING"
+
+
+class EpisodeInfraError(Exception):
+    """Infrastructure failed during an episode; the episode ends INFRA_ERROR with `reason`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+__all__ = [
+    "EpisodeInfraError",
+    "EpisodeRunning",
+    "InvalidEpisodeStart",
+    "StartRequired",
+    "SwerlError",
+    "TokenizerUnavailable",
+    "UnknownConfig",
+]

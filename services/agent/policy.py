@@ -1,0 +1,235 @@
+"""Policy clients: SGLang's native `/generate` (token ids in, token ids and logprobs out) for
+training, and an OpenAI-compatible chat API (text only) for evaluating hosted models.
+
+Only connection failures before the server accepted the request are retried (with swerl's one
+retry policy): a request that reached the server may have been generated, so it is never sent
+twice. JSON encoding of long id lists and decoding of replies run in the agent's CPU pool, not on
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+
+from swerl.chassis.retry import async_retrying
+
+
+class PolicyUnavailable(Exception):
+    """The policy server could not be reached or answered with an error (infra, not policy)."""
+
+    def __init__(self, message: str, reason: str = "POLICY_UNAVAILABLE") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class Generation:
+    """One policy turn: the exact sampled ids with their logprobs, or text (chat mode)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # stop | length | abort
+    text: str | None = None
+    weight_version: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenPolicy(Protocol):
+    async def generate(self, input_ids: list[int], max_new_tokens: int) -> Generation: ...
+
+
+class ChatPolicy(Protocol):
+    async def chat(
+        self, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+    ) -> Generation: ...
+
+
+def _connect_failed(exc: BaseException) -> bool:
+    # Raised before any byte of the request was accepted: safe to send again.
+    return isinstance(exc, aiohttp.ClientConnectorError)
+
+
+async def _in_pool(executor: Executor | None, fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+def _finish_type(meta: Mapping[str, Any]) -> str:
+    reason = meta.get("finish_reason")
+    if isinstance(reason, Mapping):
+        return str(reason.get("type") or "stop")
+    return str(reason or "stop")
+
+
+def parse_generate_reply(body: bytes) -> Generation:
+    """SGLang `/generate` reply → Generation; ids and logprobs from output_token_logprobs."""
+    reply = json.loads(body)
+    if isinstance(reply, list):
+        reply = reply[0]
+    meta = reply.get("meta_info") or {}
+    pairs = meta.get("output_token_logprobs")
+    if pairs is None:
+        raise PolicyUnavailable(
+            "the policy reply has no meta_info.output_token_logprobs (return_logprob ignored?)",
+            reason="POLICY_BAD_REPLY",
+        )
+    ids = [int(p[1]) for p in pairs]
+    logprobs = [float(p[0]) if p[0] is not None else 0.0 for p in pairs]
+    kept = {
+        k: meta[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if k in meta
+    }
+    return Generation(
+        output_ids=ids,
+        logprobs=logprobs,
+        finish_reason=_finish_type(meta),
+        text=reply.get("text"),
+        weight_version=str(meta.get("weight_version") or ""),
+        meta=kept,
+    )
+
+
+class SglangPolicy:
+    """Client of SGLang's native `/generate` for one episode's sampling parameters."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        endpoint: str,
+        sampling_params: Mapping[str, Any],
+        *,
+        request_timeout_s: float,
+        executor: Executor | None = None,
+        connect_attempts: int = 4,
+        connect_max_delay_s: float = 10.0,
+    ) -> None:
+        self._session = session
+        self._url = endpoint.rstrip("/") + "/generate"
+        self._params = dict(sampling_params)
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._executor = executor
+        self._attempts = connect_attempts
+        self._max_delay_s = connect_max_delay_s
+
+    def _body(self, input_ids: list[int], max_new_tokens: int) -> bytes:
+        params = {**self._params, "max_new_tokens": max_new_tokens}
+        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
+        return json.dumps(payload, separators=(",", ":")).encode()
+
+    async def generate(self, input_ids: list[int], max_new_tokens: int) -> Generation:
+        body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)
+        raw = await self._post(body)
+        try:
+            return await _in_pool(self._executor, parse_generate_reply, raw)
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise PolicyUnavailable(f"unreadable policy reply: {err}", "POLICY_BAD_REPLY") from err
+
+    async def _post(self, body: bytes) -> bytes:
+        try:
+            async for attempt in async_retrying(
+                max_attempts=self._attempts,
+                max_delay_s=self._max_delay_s,
+                max_wait_s=2.0,
+                retry_on=_connect_failed,
+            ):
+                with attempt:
+                    async with self._session.post(
+                        self._url,
+                        data=body,
+                        headers={"Content-Type": "application/json"},
+                        timeout=self._timeout,
+                    ) as response:
+                        raw = await response.read()
+                        if response.status != 200:
+                            raise PolicyUnavailable(
+                                f"policy server answered HTTP {response.status}:"
+                                f" {raw[:300].decode(errors='replace')}",
+                                reason="POLICY_ERROR",
+                            )
+                        return raw
+        except PolicyUnavailable:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise PolicyUnavailable(
+                f"policy server {self._url} unreachable: {type(err).__name__}: {err}"
+            ) from err
+        raise AssertionError("unreachable")
+
+
+_OPENAI_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "stop": "stop",
+    "sampling_seed": "seed",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+class OpenAIChatPolicy:
+    """An OpenAI-compatible `/v1/chat/completions` server; text only, for evaluation."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        endpoint: str,
+        model: str,
+        sampling_params: Mapping[str, Any],
+        *,
+        request_timeout_s: float,
+        api_key: str | None = None,
+        connect_attempts: int = 4,
+        connect_max_delay_s: float = 10.0,
+    ) -> None:
+        base = endpoint.rstrip("/")
+        self._url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
+        self._session = session
+        self._model = model
+        self._params = {_OPENAI_KEYS[k]: v for k, v in sampling_params.items() if k in _OPENAI_KEYS}
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._attempts = connect_attempts
+        self._max_delay_s = connect_max_delay_s
+
+    async def chat(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int) -> Generation:
+        payload = {
+            "model": self._model,
+            "messages": list(messages),
+            "max_tokens": max_new_tokens,
+            **self._params,
+        }
+        try:
+            async for attempt in async_retrying(
+                max_attempts=self._attempts,
+                max_delay_s=self._max_delay_s,
+                max_wait_s=2.0,
+                retry_on=_connect_failed,
+            ):
+                with attempt:
+                    async with self._session.post(
+                        self._url, json=payload, headers=self._headers, timeout=self._timeout
+                    ) as response:
+                        raw = await response.read()
+                        if response.status != 200:
+                            raise PolicyUnavailable(
+                                f"chat server answered HTTP {response.status}:"
+                                f" {raw[:300].decode(errors='replace')}",
+                                reason="POLICY_ERROR",
+                            )
+        except PolicyUnavailable:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+            raise PolicyUnavailable(f"chat server {self._url} unreachable: {err}") from err
+        try:
+            choice = json.loads(raw)["choices"][0]
+            text = choice["message"]["content"] or ""
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            raise PolicyUnavailable(f"unreadable chat reply: {err}", "POLICY_BAD_REPLY") from err
+        finish = str(choice.get("finish_reason") or "stop")
+        return Generation([], [], "length" if finish == "length" else finish, text=text)

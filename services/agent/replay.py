@@ -1,0 +1,217 @@
+"""A replay policy server: a real HTTP server speaking SGLang's native `/generate`.
+
+It tokenizes with a real tokenizer (the bundled Qwen3 one by default) and answers each request
+with the next assistant turn of a script, as token ids with logprobs, the way SGLang does:
+`meta_info.output_token_logprobs = [[logprob, id, null], ...]`, `finish_reason.type`,
+`weight_version`. The script is chosen by finding a registered key (e.g. the first line of a
+problem statement) in the decoded prompt; the turn is the number of assistant turns in the prompt
+(plus those the agent reports omitted). Unknown prompts, and every prompt in garbage mode, get
+random tokens. Used by the tests, the benchmark and `swerl demo`; `swerl replay serve` runs it.
+
+    server = ReplayPolicyServer(scripts=scripts_for_tasks(load_tasks(dir)))
+    url = await server.start()          # http://127.0.0.1:<port>
+    ...
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from swerl.agent.config import SUBMIT_SENTINEL
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
+
+_OMITTED = re.compile(r"\[(\d+) earlier turns? omitted")
+ASSISTANT_HEADER = "<|im_start|>assistant"
+WEIGHT_VERSION = "replay-1"
+
+
+def replay_logprob(position: int) -> float:
+    """The logprob the replay server reports for the token at `position` of a response."""
+    return -0.001 * (position % 97) - 0.01
+
+
+def _bash(text: str, command: str) -> str:
+    return f"{text}\n\n```bash\n{command}\n```"
+
+
+def submit_turn() -> str:
+    return _bash(
+        "The change is in place. Submitting.",
+        f"echo {SUBMIT_SENTINEL} && git add -A && git diff --cached --binary",
+    )
+
+
+def patch_turn(patch: str, why: str) -> str:
+    encoded = base64.b64encode(patch.encode()).decode()
+    return _bash(
+        why,
+        f"echo {encoded} | base64 -d > /tmp/swerl_fix.patch"
+        " && git apply /tmp/swerl_fix.patch && git diff --stat",
+    )
+
+
+def gold_script(patch: str) -> list[str]:
+    """Look around, apply the fix, run the tests, submit."""
+    return [
+        _bash("Let me look at the repository first.", "git status --short && ls"),
+        patch_turn(patch, "I found the bug; applying the fix."),
+        _bash("Now run the test suite.", "python3 -m pytest -q 2>&1 | tail -n 5"),
+        submit_turn(),
+    ]
+
+
+def wrong_script(wrong_patch: str | None) -> list[str]:
+    """A fix that does not fix: the task's known-wrong patch, or an unrelated edit."""
+    if wrong_patch:
+        change = patch_turn(wrong_patch, "I think this is the fix.")
+    else:
+        change = _bash(
+            "I think a note in the README is what is needed.",
+            "echo '# see the issue tracker' >> README.md && git diff --stat",
+        )
+    return [_bash("Looking around.", "ls"), change, submit_turn()]
+
+
+def script_key(problem_statement: str) -> str:
+    """How a script finds its prompt: the problem statement's first non-empty line."""
+    for line in problem_statement.splitlines():
+        if line.strip():
+            return line.strip()
+    return problem_statement.strip()
+
+
+def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, list[str]]:
+    """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not."""
+    scripts = {}
+    for task in tasks:
+        key = script_key(task.instance["problem_statement"])
+        if variant == "gold":
+            scripts[key] = gold_script(task.gold_patch)
+        elif variant == "wrong":
+            scripts[key] = wrong_script(task.wrong_patch)
+        else:
+            raise ValueError(f"unknown script variant {variant!r}")
+    return scripts
+
+
+@dataclass
+class ReplayStats:
+    requests: int = 0
+    garbage: int = 0
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+class ReplayPolicyServer:
+    def __init__(
+        self,
+        scripts: Mapping[str, Sequence[str]] | None = None,
+        *,
+        tokenizer_dir: str | Path | None = None,
+        garbage: bool = False,
+        latency_s: float = 0.0,
+        abort_on_turn: int | None = None,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 4,
+    ) -> None:
+        self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
+        self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
+        self.garbage = garbage
+        self.latency_s = latency_s
+        self.abort_on_turn = abort_on_turn
+        self.seed = seed
+        self.host = host
+        self.port = port
+        self.stats = ReplayStats()
+        self.end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="replay")
+        self._encoded: dict[str, list[int]] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/generate", self._generate)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[attr-defined]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self.url = f"http://{self.host}:{self.port}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._pool.shutdown(wait=False)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        loop = asyncio.get_running_loop()
+        reply = await loop.run_in_executor(self._pool, self._answer, raw)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        return web.Response(body=reply, content_type="application/json")
+
+    def _answer(self, raw: bytes) -> bytes:
+        body = json.loads(raw)
+        input_ids = [int(x) for x in body["input_ids"]]
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens") or 1024)
+        self.stats.requests += 1
+        self.stats.prompt_tokens.append(len(input_ids))
+        text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
+        turn = text.count(ASSISTANT_HEADER) - 1
+        turn += sum(int(n) for n in _OMITTED.findall(text))
+        script = None if self.garbage else self._script_for(text)
+        finish = "stop"
+        if self.abort_on_turn is not None and turn >= self.abort_on_turn:
+            ids, finish = [], "abort"
+        elif script is None:
+            self.stats.garbage += 1
+            rng = random.Random(hash((self.seed, len(input_ids), tuple(input_ids[-16:]))))
+            ids = [rng.randrange(0, 151_000) for _ in range(rng.randrange(4, 40))]
+            ids.append(self.end_of_turn)
+        else:
+            reply = script[min(turn, len(script) - 1)]
+            if reply not in self._encoded:
+                self._encoded[reply] = self.tokenizer.encode(reply, add_special_tokens=False)
+            ids = [*self._encoded[reply], self.end_of_turn]
+        if len(ids) > max_new:
+            ids, finish = ids[:max_new], "length"
+        meta = {
+            "output_token_logprobs": [[replay_logprob(i), t, None] for i, t in enumerate(ids)],
+            "finish_reason": {"type": finish},
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": WEIGHT_VERSION,
+        }
+        out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "meta_info": meta}
+        return json.dumps(out).encode()
+
+    def _script_for(self, text: str) -> list[str] | None:
+        for key, script in self.scripts.items():
+            if key in text:
+                return script
+        return None

@@ -1,0 +1,234 @@
+"""The agent's episode runner: validates a start, prepares tokenizer and policy, and streams one
+episode's messages while listening for `cancel` (what RunEpisode does, minus the protos' wire)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from google.protobuf.json_format import MessageToDict
+
+from swerl.agent.artifacts import write_artifacts
+from swerl.agent.config import load_config
+from swerl.agent.episode import Episode, EpisodeSpec, PrmSpec, StepJudge, sampling_params_of
+from swerl.agent.errors import (
+    EpisodeRunning,
+    InvalidEpisodeStart,
+    StartRequired,
+    TokenizerUnavailable,
+)
+from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy
+from swerl.agent.sandbox import SandboxProvider
+from swerl.agent.settings import AgentSettings
+from swerl.agent.tokens import ChatCodec, TemplateMismatch
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.hf import load_tokenizer
+from swerl.chassis.timeconv import seconds_of
+
+
+class EpisodeRunner:
+    """Runs episodes for one process; shares the CPU pool, HTTP session and tokenizers."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        provider: SandboxProvider,
+        *,
+        judge_factory: Any = None,
+    ) -> None:
+        self.settings = settings
+        self.provider = provider
+        self.executor = ThreadPoolExecutor(settings.cpu_threads, thread_name_prefix="agent-cpu")
+        self._judge_factory = judge_factory
+        self._session: aiohttp.ClientSession | None = None
+        self._codecs: dict[tuple[str, str], ChatCodec] = {}
+        self._codec_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.running: dict[str, Episode] = {}
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.settings.policy_max_connections)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        for episode in list(self.running.values()):
+            episode.cancel("agent shutting down")
+        if self._session is not None:
+            await self._session.close()
+        self.executor.shutdown(wait=False)
+
+    async def codec(self, tokenizer_path: str, template_kwargs: dict[str, Any]) -> ChatCodec:
+        key = (tokenizer_path, json.dumps(template_kwargs, sort_keys=True))
+        lock = self._codec_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key not in self._codecs:
+                loop = asyncio.get_running_loop()
+
+                def build() -> ChatCodec:
+                    return ChatCodec(load_tokenizer(key[0]), template_kwargs)
+
+                try:
+                    self._codecs[key] = await loop.run_in_executor(self.executor, build)
+                except (OSError, ValueError, TemplateMismatch) as err:
+                    raise TokenizerUnavailable(
+                        f"cannot load tokenizer {tokenizer_path!r}: {err}",
+                        tokenizer_path=tokenizer_path,
+                    ) from err
+        return self._codecs[key]
+
+    def _spec(self, start: pb.EpisodeStart) -> EpisodeSpec:
+        if not start.episode_id:
+            raise InvalidEpisodeStart("episode_id is required", field="episode_id")
+        if not start.instance.image_name:
+            raise InvalidEpisodeStart("instance.image_name is required", field="instance")
+        if not start.policy.endpoint:
+            raise InvalidEpisodeStart("policy.endpoint is required", field="policy.endpoint")
+        config = load_config(start.options.config_name)
+        api = start.policy.api or pb.POLICY_API_SGLANG_GENERATE
+        if api == pb.POLICY_API_SGLANG_GENERATE and not start.policy.tokenizer_path:
+            raise InvalidEpisodeStart(
+                "policy.tokenizer_path is required for SGLANG_GENERATE", field="policy"
+            )
+        opts, limits, d = start.options, start.limits, config.defaults
+        if not opts.skip_evaluation and not start.instance.fail_to_pass:
+            raise InvalidEpisodeStart(
+                "instance.fail_to_pass is required unless options.skip_evaluation",
+                field="instance",
+            )
+        root = self.settings.artifact_root
+        if opts.artifact_dir and root is not None:
+            resolved = Path(opts.artifact_dir).resolve()
+            if not resolved.is_relative_to(Path(root).resolve()):
+                raise InvalidEpisodeStart(
+                    f"artifact_dir must be below {root}", field="options.artifact_dir"
+                )
+        for name in ("max_turns", "max_context_tokens", "max_new_tokens"):
+            if getattr(limits, name) < 0:
+                raise InvalidEpisodeStart(f"limits.{name} is negative", field=f"limits.{name}")
+        params = sampling_params_of(MessageToDict(start.policy.sampling_params))
+        max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
+        prm = start.prm
+        return EpisodeSpec(
+            episode_id=start.episode_id,
+            instance=start.instance,
+            config=config,
+            api=api,
+            endpoint=start.policy.endpoint,
+            model=start.policy.model,
+            sampling_params=params,
+            request_timeout_s=seconds_of(start.policy.request_timeout)
+            or self.settings.policy_request_timeout_s,
+            max_turns=limits.max_turns or d.max_turns,
+            max_context_tokens=limits.max_context_tokens or d.max_context_tokens,
+            max_new_tokens=max_new,
+            wall_timeout_s=seconds_of(limits.wall_timeout) or d.wall_timeout_s,
+            command_timeout_s=seconds_of(limits.command_timeout) or d.command_timeout_s,
+            eval_timeout_s=seconds_of(limits.eval_timeout) or d.eval_timeout_s,
+            dynamic_history=opts.dynamic_history,
+            artifact_dir=opts.artifact_dir,
+            skip_evaluation=opts.skip_evaluation,
+            env=dict(opts.env),
+            owner=opts.owner,
+            prm=PrmSpec(
+                enabled=prm.enabled,
+                endpoint=prm.endpoint or (self.settings.prm_endpoint or ""),
+                m=prm.m,
+                coef=prm.coef,
+                seed=prm.seed,
+                timeout_s=seconds_of(prm.timeout) or 120.0,
+            ),
+        )
+
+    async def stream(
+        self, requests: AsyncIterator[pb.RunEpisodeRequest]
+    ) -> AsyncIterator[pb.RunEpisodeResponse]:
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("kind") != "start":
+            raise StartRequired("the first RunEpisode message must be `start`")
+        spec = self._spec(first.start)
+        if spec.episode_id in self.running:
+            raise EpisodeRunning(
+                f"episode {spec.episode_id} is running", episode_id=spec.episode_id
+            )
+        settings = self.settings
+        codec = token_policy = chat_policy = None
+        if spec.api == pb.POLICY_API_SGLANG_GENERATE:
+            codec = await self.codec(
+                first.start.policy.tokenizer_path, spec.config.chat_template_kwargs
+            )
+            token_policy = SglangPolicy(
+                self.session(),
+                spec.endpoint,
+                spec.sampling_params,
+                request_timeout_s=spec.request_timeout_s,
+                executor=self.executor,
+                connect_attempts=settings.policy_connect_attempts,
+                connect_max_delay_s=settings.policy_connect_max_delay_s,
+            )
+        else:
+            key = settings.openai_api_key
+            chat_policy = OpenAIChatPolicy(
+                self.session(),
+                spec.endpoint,
+                spec.model,
+                spec.sampling_params,
+                request_timeout_s=spec.request_timeout_s,
+                api_key=key.get_secret_value() if key else None,
+                connect_attempts=settings.policy_connect_attempts,
+                connect_max_delay_s=settings.policy_connect_max_delay_s,
+            )
+        judge: StepJudge | None = None
+        if spec.prm.enabled and self._judge_factory is not None:
+            judge = self._judge_factory(spec.prm)
+        queue: asyncio.Queue[pb.RunEpisodeResponse] = asyncio.Queue()
+
+        async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:
+            return await write_artifacts(episode, result, self.executor)
+
+        episode = Episode(
+            spec,
+            provider=self.provider,
+            executor=self.executor,
+            emit=queue.put_nowait,
+            codec=codec,
+            token_policy=token_policy,
+            chat_policy=chat_policy,
+            judge=judge,
+            write_artifacts=artifacts,
+        )
+        self.running[spec.episode_id] = episode
+
+        async def listen() -> None:
+            async for request in requests:
+                if request.WhichOneof("kind") == "cancel":
+                    episode.cancel(request.cancel.reason)
+
+        listener = asyncio.ensure_future(listen())
+        work = asyncio.ensure_future(episode.run())
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                while not queue.empty():
+                    yield queue.get_nowait()
+                yield pb.RunEpisodeResponse(result=work.result())
+                return
+        finally:
+            listener.cancel()
+            if not work.done():
+                # The call itself went away: stop the episode and wait for its lease release.
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+            self.running.pop(spec.episode_id, None)

@@ -1,0 +1,165 @@
+"""Where an episode's commands run: the `SandboxProvider` Protocol and its pool implementation.
+
+The episode loop sees only `SandboxProvider.lease(...)` → a `SandboxHandle` (run a command, take
+the diff, grade a patch, a `lost` event). `PoolSandboxProvider` implements it with the pool's
+leases and the exec node's SandboxService and EvaluateService; gRPC failures of the node become
+`EpisodeInfraError`, so the loop never handles grpc itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from swerl.agent.errors import EpisodeInfraError
+from swerl.chassis.client import error_info
+from swerl.chassis.timeconv import duration_pb
+from swerl.exec.client import ExecResult
+from swerl.exec.v1 import evaluate_pb2
+from swerl.exec.v1 import sandbox_pb2 as sandbox_pb
+
+
+class SandboxHandle(Protocol):
+    lease_id: str
+    sandbox_id: str
+    node_id: str
+    lost: asyncio.Event
+
+    def lost_detail(self) -> tuple[str, str]: ...
+
+    async def run(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
+    ) -> ExecResult: ...
+
+    async def diff(self) -> bytes: ...
+
+    async def evaluate(
+        self, instance: evaluate_pb2.SweInstance, patch: bytes, timeout_s: float
+    ) -> evaluate_pb2.EvaluationReport: ...
+
+
+class SandboxProvider(Protocol):
+    def lease(
+        self,
+        image: str,
+        *,
+        owner: str,
+        instance_id: str,
+        request_id: str,
+        workdir: str | None,
+    ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]: ...
+
+
+def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
+    reason, _ = error_info(err)
+    return EpisodeInfraError(
+        "SANDBOX_UNAVAILABLE", f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
+    )
+
+
+@dataclass
+class _PoolHandle:
+    lease: object  # swerl.pool.client.Lease
+    lease_id: str
+    sandbox_id: str
+    node_id: str
+    lost: asyncio.Event
+
+    def lost_detail(self) -> tuple[str, str]:
+        lease = self.lease
+        return (getattr(lease, "lost_reason", None) or "UNSPECIFIED", lease.lost_message)  # type: ignore[attr-defined]
+
+    async def run(
+        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
+    ) -> ExecResult:
+        try:
+            return await self.lease.sandbox.run(  # type: ignore[attr-defined]
+                self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _infra(err, "Exec") from err
+
+    async def diff(self) -> bytes:
+        request = sandbox_pb.GetDiffRequest(sandbox_id=self.sandbox_id, include_untracked=True)
+        try:
+            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)  # type: ignore[attr-defined]
+        except grpc.aio.AioRpcError as err:
+            raise _infra(err, "GetDiff") from err
+        return bytes(response.patch)
+
+    async def evaluate(
+        self, instance: evaluate_pb2.SweInstance, patch: bytes, timeout_s: float
+    ) -> evaluate_pb2.EvaluationReport:
+        request = evaluate_pb2.EvaluateRequest(
+            request_id=uuid.uuid4().hex,
+            sandbox_id=self.sandbox_id,
+            instance=instance,
+            patch=patch,
+            timeout=duration_pb(timeout_s),
+            omit_logs=True,
+        )
+        report = None
+        try:
+            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)  # type: ignore[attr-defined]
+            async for response in stream:
+                if response.WhichOneof("kind") == "report":
+                    report = response.report
+        except grpc.aio.AioRpcError as err:
+            raise EpisodeInfraError(
+                "EVALUATION_UNAVAILABLE",
+                f"Evaluate failed: {err.code().name} {error_info(err)[0] or ''} {err.details()}",
+            ) from err
+        if report is None:
+            raise EpisodeInfraError("EVALUATION_UNAVAILABLE", "Evaluate ended without a report")
+        return report
+
+
+class PoolSandboxProvider:
+    """Leases sandboxes from a swerl pool (`swerl.pool.client.PoolClient`)."""
+
+    def __init__(self, pool: object, *, lease_wait_s: float = 600.0) -> None:
+        self._pool = pool
+        self._wait_s = lease_wait_s
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        image: str,
+        *,
+        owner: str,
+        instance_id: str,
+        request_id: str,
+        workdir: str | None,
+    ) -> AsyncIterator[SandboxHandle]:
+        try:
+            context = self._pool.lease(  # type: ignore[attr-defined]
+                image,
+                owner=owner,
+                instance_id=instance_id,
+                request_id=request_id,
+                wait_s=self._wait_s,
+                workdir=workdir,
+            )
+            lease = await context.__aenter__()
+        except grpc.aio.AioRpcError as err:
+            reason, _ = error_info(err)
+            raise EpisodeInfraError(
+                "LEASE_UNAVAILABLE",
+                f"AcquireLease failed: {err.code().name} {reason or ''} {err.details()}",
+            ) from err
+        handle = _PoolHandle(lease, lease.lease_id, lease.sandbox_id, lease.node_id, lease.lost)
+        try:
+            yield handle
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await context.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        else:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await context.__aexit__(None, None, None)

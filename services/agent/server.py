@@ -1,0 +1,95 @@
+"""Assembles the agent service: pool client, episode runner, gRPC server.
+
+In-process, for tests and tools:
+
+    async with local_stack(nodes=1) as stack:                 # swerl.pool.server
+        async with local_agent(stack.pool_address, stack.token) as agent:
+            stub = AgentServiceStub(make_channel(agent.address, token=stack.token))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from swerl.agent.runner import EpisodeRunner
+from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
+from swerl.agent.servicer import AgentServicer
+from swerl.agent.settings import AgentSettings
+from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
+from swerl.chassis.server import GrpcServer
+
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+
+class AgentServer:
+    """One running agent service; `start()` then `serve_until_signal()` or `stop()`."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        provider: SandboxProvider | None = None,
+        *,
+        judge_factory: Any = None,
+    ) -> None:
+        self.settings = settings
+        self._pool = None
+        if provider is None:
+            from swerl.pool.client import PoolClient
+
+            token = settings.pool_auth_token or settings.auth_token
+            self._pool = PoolClient(
+                settings.pool_address,
+                token=token.get_secret_value() if token else None,
+                tls_ca_file=settings.pool_tls_ca_file,
+            )
+            provider = PoolSandboxProvider(self._pool, lease_wait_s=settings.lease_wait_s)
+        self.runner = EpisodeRunner(settings, provider, judge_factory=judge_factory)
+        self.server = GrpcServer(settings, name="agent")
+        self.server.add_service(
+            agent_pb2_grpc.add_AgentServiceServicer_to_server,
+            AgentServicer(self.runner),
+            [AGENT_SERVICE],
+        )
+        self.server.add_shutdown_callback(self._shutdown)
+        self.port = 0
+
+    async def start(self) -> int:
+        self.port = await self.server.start()
+        return self.port
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def _shutdown(self) -> None:
+        await self.runner.close()
+        if self._pool is not None:
+            await self._pool.close()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.server.stop(grace_s)
+
+    async def serve_until_signal(self) -> None:
+        await self.server.serve_until_signal()
+
+
+@contextlib.asynccontextmanager
+async def local_agent(pool_address: str, token: str, **settings: Any) -> AsyncIterator[AgentServer]:
+    """An agent service on a loopback port, leasing from the pool at `pool_address`."""
+    values: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "auth_token": token,
+        "pool_address": pool_address,
+        "log_level": "warning",
+        "drain_grace_s": 1.0,
+        **settings,
+    }
+    server = AgentServer(AgentSettings(**values))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(0)

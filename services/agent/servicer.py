@@ -1,0 +1,20 @@
+"""AgentService: RunEpisode's request stream in, the runner's messages out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from swerl.agent.runner import EpisodeRunner
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.agent.v1 import agent_pb2_grpc
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, runner: EpisodeRunner) -> None:
+        self._runner = runner
+
+    async def RunEpisode(
+        self, request_iterator: AsyncIterator[pb.RunEpisodeRequest], context
+    ) -> AsyncIterator[pb.RunEpisodeResponse]:
+        async for response in self._runner.stream(request_iterator):
+            yield response

@@ -1,0 +1,41 @@
+"""Settings of the agent service (`swerl agent serve`), from SWERL_AGENT_* env vars and flags."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from swerl.chassis.settings import ServiceSettings
+
+
+class AgentSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SWERL_AGENT_", extra="ignore")
+
+    port: int = 18091
+    pool_address: str = Field("127.0.0.1:18090", description="PoolService host:port")
+    pool_auth_token: SecretStr | None = Field(
+        None, description="bearer token for the pool and its nodes (default: this auth token)"
+    )
+    pool_tls_ca_file: str | None = Field(None, description="CA of the pool's TLS certificate")
+    lease_wait_s: float = Field(600.0, description="how long an episode waits for a sandbox")
+    cpu_threads: int = Field(8, description="threads for tokenization and template rendering")
+    max_episodes: int = Field(1024, description="episodes this process runs at once")
+    policy_request_timeout_s: float = Field(
+        600.0, description="limit on one policy call when the request sets none"
+    )
+    policy_connect_attempts: int = Field(
+        4, description="attempts to reach the policy server (connection errors only)"
+    )
+    policy_connect_max_delay_s: float = Field(
+        10.0, description="total time spent retrying a policy connection"
+    )
+    policy_max_connections: int = Field(
+        1024, description="HTTP connections to policy servers, over all episodes"
+    )
+    openai_api_key: SecretStr | None = Field(
+        None, description="API key for POLICY_API_OPENAI_CHAT servers"
+    )
+    prm_endpoint: str | None = Field(None, description="PrmService host:port for PRM judging")
+    artifact_root: str | None = Field(
+        None, description="when set, artifact_dir of requests must lie below it"
+    )

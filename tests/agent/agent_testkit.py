@@ -1,0 +1,122 @@
+"""Helpers of the agent tests: a whole loopback stack (pool, exec node, agent, replay policy),
+start messages for the bundled tasks, and the token invariants every record must satisfy."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from swerl.agent.replay import ReplayPolicyServer, replay_logprob
+from swerl.agent.server import AgentServer, local_agent
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.agent.v1 import agent_pb2_grpc
+from swerl.chassis.client import make_channel
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.chassis.timeconv import duration_pb
+from swerl.pool.server import LocalStack, local_stack
+from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
+from swerl.validate import instance_to_pb
+
+TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
+
+
+def bundled_tasks() -> list[TaskInstance]:
+    return load_tasks(default_tasks_dir())
+
+
+@dataclass
+class AgentStack:
+    stack: LocalStack
+    agent: AgentServer
+    stub: agent_pb2_grpc.AgentServiceStub
+    channel: object
+
+
+@contextlib.asynccontextmanager
+async def agent_stack(max_sandboxes: int = 8, **agent_settings) -> AsyncIterator[AgentStack]:
+    async with local_stack(nodes=1, max_sandboxes=max_sandboxes, purpose="agent-test") as stack:
+        async with local_agent(stack.pool_address, stack.token, **agent_settings) as agent:
+            channel = make_channel(agent.address, token=stack.token)
+            try:
+                yield AgentStack(stack, agent, agent_pb2_grpc.AgentServiceStub(channel), channel)
+            finally:
+                await channel.close()
+
+
+def start_for(
+    task: TaskInstance,
+    policy_url: str,
+    episode_id: str,
+    *,
+    max_turns: int = 8,
+    dynamic_history: bool = False,
+    artifact_dir: str = "",
+    max_context_tokens: int = 0,
+    command_timeout_s: float = 60.0,
+) -> pb.EpisodeStart:
+    start = pb.EpisodeStart(
+        episode_id=episode_id,
+        instance=instance_to_pb(task.instance),
+        policy=pb.PolicyConfig(
+            endpoint=policy_url,
+            api=pb.POLICY_API_SGLANG_GENERATE,
+            model="replay",
+            tokenizer_path=TOKENIZER_DIR,
+        ),
+        limits=pb.EpisodeLimits(
+            max_turns=max_turns,
+            max_new_tokens=2048,
+            max_context_tokens=max_context_tokens,
+            command_timeout=duration_pb(command_timeout_s),
+            eval_timeout=duration_pb(300),
+        ),
+        options=pb.EpisodeOptions(
+            dynamic_history=dynamic_history, artifact_dir=artifact_dir, owner="agent-test"
+        ),
+    )
+    start.policy.sampling_params.update({"temperature": 1.0, "top_p": 1.0})
+    return start
+
+
+async def run_to_result(stub, start: pb.EpisodeStart) -> list[pb.RunEpisodeResponse]:
+    messages = []
+    call = stub.RunEpisode(iter([pb.RunEpisodeRequest(start=start)]), timeout=600)
+    async for message in call:
+        messages.append(message)
+    return messages
+
+
+def result_of(messages: list[pb.RunEpisodeResponse]) -> pb.EpisodeResult:
+    results = [m.result for m in messages if m.WhichOneof("kind") == "result"]
+    assert len(results) == 1, [m.WhichOneof("kind") for m in messages]
+    assert messages[-1].WhichOneof("kind") == "result"
+    return results[0]
+
+
+def check_record(record: pb.TokenRecord, replay: ReplayPolicyServer | None = None) -> None:
+    """slime's invariants, and: mask-1 tokens carry the logprobs the replay server sent."""
+    n = len(record.response_ids)
+    assert record.prompt_ids, "empty prompt"
+    assert n >= 1
+    assert len(record.loss_mask) == n and len(record.logprobs) == n
+    position = 0
+    for mask, logprob in zip(record.loss_mask, record.logprobs, strict=True):
+        assert mask in (0, 1)
+        if mask == 0:
+            assert logprob == 0.0
+            position = 0
+        else:
+            assert abs(logprob - replay_logprob(position)) < 1e-6
+            position += 1
+
+
+def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=swerl.node", "--format", "{{.Label \"swerl.node\"}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [n for n in out if n.startswith(node_id_prefix)]

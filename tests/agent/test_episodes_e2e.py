@@ -1,0 +1,110 @@
+"""End to end on the real dockerd: pool + exec node + agent service + replay policy (Qwen3
+tokenizer) + EvaluateService. Every bundled task resolves; wrong fixes and garbage do not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_testkit import (
+    agent_stack,
+    bundled_tasks,
+    check_record,
+    result_of,
+    run_to_result,
+    sandboxes_left,
+    start_for,
+)
+from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.agent.v1 import agent_pb2 as pb
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+
+async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) -> None:
+    tasks = bundled_tasks()
+    replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            import asyncio
+
+            runs = await asyncio.gather(
+                *(
+                    run_to_result(
+                        env.stub,
+                        start_for(t, url, f"gold-{i}", artifact_dir=str(tmp_path),
+                                  dynamic_history=i % 2 == 1),
+                    )
+                    for i, t in enumerate(tasks)
+                )
+            )
+    finally:
+        await replay.stop()
+    for i, (task, messages) in enumerate(zip(tasks, runs, strict=True)):
+        result = result_of(messages)
+        assert result.status == pb.EPISODE_STATUS_SUBMITTED, (task.instance_id, result)
+        assert result.HasField("reward") and result.reward == 1.0, result.report
+        assert b"diff --git" in result.patch
+        kinds = [m.WhichOneof("kind") for m in messages]
+        assert kinds[0] == "started" and kinds.count("turn") == 4 and "evaluation" in kinds
+        if i % 2 == 1:
+            assert len(result.turns) == 4 and not result.HasField("trajectory")
+            for record in result.turns:
+                check_record(record, replay)
+                assert set(record.loss_mask) == {1} and record.reward == 1.0
+            # Without trimming each turn's prompt extends the previous prompt and response.
+            for before, after in zip(result.turns, result.turns[1:]):
+                seen = list(before.prompt_ids) + list(before.response_ids)
+                assert list(after.prompt_ids[: len(seen)]) == seen
+        else:
+            check_record(result.trajectory, replay)
+            assert result.trajectory.reward == 1.0
+        for key in ("turns", "tool_calls", "model_query_time_sum", "env_execution_time_sum",
+                    "eval_time", "agent_run_time", "total_time", "overhead_time",
+                    "time_per_turn", "model_query_time_avg", "env_execution_time_avg",
+                    "model_time_ratio", "env_time_ratio", "eval_time_ratio"):
+            assert key in result.metrics, key
+        artifacts = Path(result.artifact_dir)
+        traj = json.loads((artifacts / "traj.json").read_text())
+        assert traj["info"]["exit_status"] == "SUBMITTED"
+        assert (artifacts / "patch.diff").read_bytes() == result.patch
+        assert json.loads((artifacts / "meta.json").read_text())["reward"] == 1.0
+    assert sandboxes_left() == []
+
+
+async def test_a_wrong_fix_gets_reward_minus_one() -> None:
+    tasks = [t for t in bundled_tasks() if t.wrong_patch][:1] + bundled_tasks()[:1]
+    replay = ReplayPolicyServer(scripts_for_tasks(tasks, "wrong"))
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            for i, task in enumerate(tasks):
+                result = result_of(await run_to_result(env.stub, start_for(task, url, f"w{i}")))
+                assert result.status == pb.EPISODE_STATUS_SUBMITTED
+                assert result.reward == -1.0, result.report
+                check_record(result.trajectory, replay)
+    finally:
+        await replay.stop()
+    assert sandboxes_left() == []
+
+
+async def test_garbage_policy_ends_in_format_errors_and_limit_turns() -> None:
+    task = bundled_tasks()[0]
+    replay = ReplayPolicyServer(garbage=True)
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            messages = await run_to_result(env.stub, start_for(task, url, "garbage", max_turns=5))
+    finally:
+        await replay.stop()
+    result = result_of(messages)
+    turns = [m.turn for m in messages if m.WhichOneof("kind") == "turn"]
+    assert result.status == pb.EPISODE_STATUS_LIMIT_TURNS
+    assert len(turns) == 5 and all(t.format_error for t in turns)
+    assert result.reward == -1.0  # graded: nothing changed, so unresolved
+    check_record(result.trajectory, replay)
+    assert result.metrics["tool_calls"] == 0
+    assert sandboxes_left() == []
