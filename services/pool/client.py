@@ -88,8 +88,8 @@ class Lease:
         self.lost_reason: str | None = None
         self.lost_message = ""
         self._pool = pool
-        self._ttl_s = ttl_s
-        self._interval_s = keepalive_interval_s
+        self.ttl_s = ttl_s
+        self.interval_s = keepalive_interval_s
         self.channel = make_channel(
             self.node_address,
             token=pool.token,
@@ -98,7 +98,7 @@ class Lease:
         )
         self.sandbox = SandboxClient(self.channel)
         self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
-        self._keepalive: asyncio.Task[None] | None = None
+        self.next_renew = 0.0  # monotonic time of its next renewal
         self._released = False
 
     def _token_metadata(self) -> list[tuple[str, str]]:
@@ -118,67 +118,13 @@ class Lease:
             self.lost.set()
             log.warning("lease.lost", lease_id=self.lease_id, reason=reason, message=message)
 
-    def start_keepalive(self) -> None:
-        self._keepalive = asyncio.get_running_loop().create_task(
-            self._keepalive_loop(), name=f"keepalive.{self.lease_id}"
-        )
-
-    async def _keepalive_loop(self) -> None:
-        while not self.lost.is_set():
-            try:
-                # Reconnects with the one backoff policy while the pool is away (UNAVAILABLE).
-                async for attempt in async_retrying(
-                    max_attempts=_FOREVER, max_delay_s=_FOREVER, max_wait_s=2.0
-                ):
-                    with attempt:
-                        await self._session()
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.CANCELLED:
-                    self._set_lost("UNSPECIFIED", f"KeepAlive failed: {err.code().name}")
-                    return
-            if not self.lost.is_set():
-                await asyncio.sleep(0.2)
-
-    async def _session(self) -> None:
-        """One KeepAlive stream; returns when the lease is lost or the pool ended the stream."""
-        # Past its expiry by far, the nodes have reaped the sandbox whatever the pool says.
-        if time.time() >= self.expire_time + max(30.0, 2 * self._ttl_s):
-            self._set_lost("EXPIRED", "the lease could not be renewed before its expiry")
-            return
-        renew = pb.KeepAliveRequest(
-            renew=pb.KeepAliveRenew(lease_id=self.lease_id, ttl=duration_pb(self._ttl_s))
-        )
-        call = self._pool.stub.KeepAlive()
-
-        async def ticker() -> None:
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                while True:
-                    await call.write(renew)
-                    await asyncio.sleep(self._interval_s)
-
-        tick = asyncio.get_running_loop().create_task(ticker())
-        try:
-            async for response in call:
-                kind = response.WhichOneof("kind")
-                if kind == "expiry":
-                    self.token = response.expiry.token or self.token
-                    self.expire_time = _ts(response.expiry.expire_time)
-                elif kind == "lost":
-                    reason = pb.LeaseLossReason.Name(response.lost.reason)
-                    self._set_lost(reason.removeprefix("LEASE_LOSS_REASON_"), response.lost.message)
-                    return
-        finally:
-            tick.cancel()
-            with contextlib.suppress(BaseException):
-                await tick
-            call.cancel()
+    def _apply(self, expiry: pb.KeepAliveExpiry) -> None:
+        self.token = expiry.token or self.token
+        self.expire_time = _ts(expiry.expire_time)
 
     async def release(self) -> bool:
         """Releases the lease (idempotent) and closes its node channel."""
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(BaseException):
-                await self._keepalive
+        self._pool._keeper.remove(self.lease_id)
         existed = False
         if not self._released:
             self._released = True
@@ -187,6 +133,123 @@ class Lease:
             finally:
                 await self.channel.close()
         return existed
+
+
+class _Keeper:
+    """One KeepAlive stream for every lease a PoolClient holds.
+
+    Each round it renews the leases that are due in one KeepAliveRenewBatch, and routes
+    expiries (fresh tokens) and losses to their Lease objects. While the pool is away
+    (UNAVAILABLE) it reconnects with the one backoff policy and renews everything at once on
+    reconnect; it never gives a lease up by itself before the nodes would have reaped it.
+    """
+
+    def __init__(self, pool: PoolClient) -> None:
+        self._pool = pool
+        self.leases: dict[str, Lease] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def add(self, lease: Lease) -> None:
+        # Renewed (and so watched for losses) on the stream at once.
+        lease.next_renew = time.monotonic()
+        self.leases[lease.lease_id] = lease
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="pool.keeper")
+        self._wake.set()
+
+    def remove(self, lease_id: str) -> None:
+        self.leases.pop(lease_id, None)
+        self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    def _lose(self, lease_id: str, reason: str, message: str) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None:
+            lease._set_lost(reason, message)
+
+    async def _run(self) -> None:
+        while self.leases:
+            try:
+                async for attempt in async_retrying(
+                    max_attempts=_FOREVER, max_delay_s=_FOREVER, max_wait_s=2.0
+                ):
+                    with attempt:
+                        await self._session()
+            except grpc.aio.AioRpcError as err:
+                # Not a pool that is away (that is retried above): refused outright.
+                for lease_id in list(self.leases):
+                    self._lose(lease_id, "UNSPECIFIED", f"KeepAlive failed: {err.code().name}")
+                return
+            if self.leases:
+                await asyncio.sleep(0.2)
+
+    async def _session(self) -> None:
+        """One stream; returns when no lease is left or the pool ended the stream."""
+        now, wall = time.monotonic(), time.time()
+        for lease in list(self.leases.values()):
+            # Past its expiry by far, the nodes have reaped the sandbox whatever the pool says.
+            if wall >= lease.expire_time + max(30.0, 2 * lease.ttl_s):
+                self._lose(lease.lease_id, "EXPIRED", "not renewed before its expiry")
+            lease.next_renew = now  # Renew everything at once on (re)connect.
+        if not self.leases:
+            return
+        call = self._pool.stub.KeepAlive()
+        writer = asyncio.get_running_loop().create_task(self._write(call))
+        try:
+            async for response in call:
+                kind = response.WhichOneof("kind")
+                if kind == "expiry_batch":
+                    for expiry in response.expiry_batch.expiries:
+                        if (lease := self.leases.get(expiry.lease_id)) is not None:
+                            lease._apply(expiry)
+                elif kind == "expiry":
+                    if (lease := self.leases.get(response.expiry.lease_id)) is not None:
+                        lease._apply(response.expiry)
+                elif kind == "lost":
+                    reason = pb.LeaseLossReason.Name(response.lost.reason)
+                    self._lose(
+                        response.lost.lease_id,
+                        reason.removeprefix("LEASE_LOSS_REASON_"),
+                        response.lost.message,
+                    )
+                if not self.leases:
+                    return
+        finally:
+            writer.cancel()
+            with contextlib.suppress(BaseException):
+                await writer
+            call.cancel()
+
+    async def _write(self, call: Any) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while self.leases:
+                now = time.monotonic()
+                due = [lease for lease in self.leases.values() if lease.next_renew <= now]
+                if due:
+                    for lease in due:
+                        lease.next_renew = now + lease.interval_s
+                    await call.write(
+                        pb.KeepAliveRequest(
+                            renew_batch=pb.KeepAliveRenewBatch(
+                                renews=[
+                                    pb.KeepAliveRenew(
+                                        lease_id=lease.lease_id, ttl=duration_pb(lease.ttl_s)
+                                    )
+                                    for lease in due
+                                ]
+                            )
+                        )
+                    )
+                wait = min((x.next_renew for x in self.leases.values()), default=now + 1) - now
+                self._wake.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, wait))
 
 
 class PoolClient:
@@ -215,8 +278,10 @@ class PoolClient:
             ),
         )
         self.stub = pool_pb2_grpc.PoolServiceStub(self.channel)
+        self._keeper = _Keeper(self)
 
     async def close(self) -> None:
+        await self._keeper.close()
         await self.channel.close()
 
     async def acquire(
@@ -291,7 +356,7 @@ class PoolClient:
             keepalive_interval_s=keepalive_interval_s or min(ttl / 3, 10.0),
         )
         try:
-            handle.start_keepalive()
+            self._keeper.add(handle)
             yield handle
         finally:
             # Shielded: a cancelled body still gives its sandbox back.

@@ -214,6 +214,11 @@ class Expiry:
 
 
 @dataclass(frozen=True)
+class ExpiryBatch:
+    expiries: list[Expiry]
+
+
+@dataclass(frozen=True)
 class Lost:
     lease_id: str
     reason: str
@@ -224,7 +229,7 @@ class Watcher:
     """One KeepAlive stream: the leases it watches and the events to send it."""
 
     def __init__(self) -> None:
-        self.events: asyncio.Queue[Expiry | Lost | None] = asyncio.Queue()
+        self.events: asyncio.Queue[Expiry | ExpiryBatch | Lost | None] = asyncio.Queue()
         self.leases: set[str] = set()
 
 
@@ -864,37 +869,78 @@ class Pool:
         return lease
 
     async def renew(self, watcher: Watcher, lease_id: str, ttl_s: float) -> None:
+        expiry = await self._renew(watcher, lease_id, ttl_s)
+        if expiry is not None:
+            watcher.events.put_nowait(expiry)
+
+    async def renew_batch(self, watcher: Watcher, renewals: Iterable[tuple[str, float]]) -> None:
+        """Renews many leases; one ExpiryBatch for those alive, a Lost for each that ended."""
+        expiries: list[Expiry] = []
+        slow: list[tuple[str, float]] = []
+        for lease_id, ttl_s in renewals:
+            # Most renewals need no node call (the node's expiry is kept ahead): done inline.
+            lease = self.leases.get(lease_id)
+            if (
+                lease is not None
+                and lease.state == ACTIVE
+                and not self._node_renew_due(lease, ttl_s)
+            ):
+                expiry = self._extend(watcher, lease, ttl_s)
+                if expiry is not None:
+                    expiries.append(expiry)
+            else:
+                slow.append((lease_id, ttl_s))
+        if slow:
+            results = await asyncio.gather(*(self._renew(watcher, i, t) for i, t in slow))
+            expiries.extend(e for e in results if e is not None)
+        if expiries:
+            watcher.events.put_nowait(ExpiryBatch(expiries))
+
+    def _ttl(self, lease: Lease, ttl_s: float) -> float:
+        return min(ttl_s if ttl_s > 0 else lease.ttl_s, self.settings.max_ttl_s)
+
+    def _node_renew_due(self, lease: Lease, ttl_s: float) -> bool:
+        wanted = time.time() + self._ttl(lease, ttl_s)
+        return lease.node_expire_time < wanted + self.settings.node_expiry_slack_s / 2
+
+    def _extend(
+        self, watcher: Watcher, lease: Lease, ttl_s: float, cap: float | None = None
+    ) -> Expiry | None:
+        watcher.leases.add(lease.lease_id)
+        lease.watchers.add(watcher)
+        wanted = time.time() + self._ttl(lease, ttl_s)
+        if cap is not None:
+            wanted = min(wanted, cap)
+        if wanted > lease.expire_time:
+            lease.expire_time = wanted
+            lease.token = self._mint(lease)
+        return Expiry(lease.lease_id, lease.expire_time, lease.token)
+
+    async def _renew(self, watcher: Watcher, lease_id: str, ttl_s: float) -> Expiry | None:
         lease = self.leases.get(lease_id)
         if lease is None or lease.state != ACTIVE:
             self.watch(watcher, lease_id)
-            return
-        watcher.leases.add(lease_id)
-        lease.watchers.add(watcher)
-        ttl = min(ttl_s if ttl_s > 0 else lease.ttl_s, self.settings.max_ttl_s)
-        slack = self.settings.node_expiry_slack_s
-        wanted = time.time() + ttl
-        if lease.node_expire_time < wanted + slack / 2:
+            return None
+        cap = None
+        if self._node_renew_due(lease, ttl_s):
+            ttl = self._ttl(lease, ttl_s)
             node = self.nodes.get(lease.node_id)
             try:
                 if node is None:
                     raise NodeUnreachable("the lease's node is not registered")
-                lease.node_expire_time = await node.conn.renew(lease.sandbox_id, ttl + slack)
+                lease.node_expire_time = await node.conn.renew(
+                    lease.sandbox_id, ttl + self.settings.node_expiry_slack_s
+                )
             except NodeSandboxGone:
                 if lease.state == ACTIVE:
-                    self._end(
-                        lease, SANDBOX_LOST, "the node no longer has the sandbox", destroy=False
-                    )
-                    self._finish(lease)
-                return
+                    self._end(lease, SANDBOX_LOST, "the node no longer has the sandbox")
+                return None
             except (NodeUnreachable, NodeRejected):
                 # What the node enforces is what is reported.
-                wanted = min(wanted, lease.node_expire_time)
+                cap = lease.node_expire_time
         if lease.state != ACTIVE:
-            return
-        if wanted > lease.expire_time:
-            lease.expire_time = wanted
-            lease.token = self._mint(lease)
-        watcher.events.put_nowait(Expiry(lease_id, lease.expire_time, lease.token))
+            return None
+        return self._extend(watcher, lease, ttl_s, cap)
 
     # -- release, expiry, destroy ----------------------------------------------------------
     async def release(self, lease_id: str) -> tuple[bool, Lease | None]:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.pool.leases import AcquireRequest as DomainAcquire
-from swerl.pool.leases import Expiry, Lease, Node, Pool, Spec, Watcher
+from swerl.pool.leases import Expiry, ExpiryBatch, Lease, Node, Pool, Spec, Watcher
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
 
@@ -67,13 +67,19 @@ def node_to_pb(node: Node) -> pb.Node:
     return message
 
 
+def _expiry_to_pb(event: Expiry) -> pb.KeepAliveExpiry:
+    return pb.KeepAliveExpiry(
+        lease_id=event.lease_id, expire_time=timestamp_pb(event.expire_time), token=event.token
+    )
+
+
 def _event_to_pb(event) -> pb.KeepAliveResponse:
     if isinstance(event, Expiry):
+        return pb.KeepAliveResponse(expiry=_expiry_to_pb(event))
+    if isinstance(event, ExpiryBatch):
         return pb.KeepAliveResponse(
-            expiry=pb.KeepAliveExpiry(
-                lease_id=event.lease_id,
-                expire_time=timestamp_pb(event.expire_time),
-                token=event.token,
+            expiry_batch=pb.KeepAliveExpiryBatch(
+                expiries=[_expiry_to_pb(e) for e in event.expiries]
             )
         )
     return pb.KeepAliveResponse(
@@ -132,6 +138,11 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
                 elif kind == "renew":
                     await self._pool.renew(
                         watcher, request.renew.lease_id, seconds_of(request.renew.ttl)
+                    )
+                elif kind == "renew_batch":
+                    await self._pool.renew_batch(
+                        watcher,
+                        [(r.lease_id, seconds_of(r.ttl)) for r in request.renew_batch.renews],
                     )
         finally:
             watcher.events.put_nowait(None)  # The holder closed its side: end the stream.

@@ -17,6 +17,7 @@ from swerl.pool.leases import (
     RELEASING,
     AcquireRequest,
     Expiry,
+    ExpiryBatch,
     Lost,
     Pool,
     Spec,
@@ -286,3 +287,18 @@ async def test_restarted_pool_rebuilds_its_leases_from_the_nodes(sim):
     assert (await sim.acquire(request_id="r-1")).lease_id == leases[1].lease_id
     await eventually(lambda: sim.pool.spare_counts(IMAGE, Spec().key())[0] == 1)
     assert sum(len(n.sandboxes) for n in sim.nodes.values()) == 4
+
+
+async def test_batched_renewal_answers_once_and_reports_ended_leases(sim):
+    await sim.add("a")
+    alive = [await sim.acquire(ttl_s=5) for _ in range(3)]
+    ended = await sim.acquire()
+    await sim.pool.release(ended.lease_id)
+    watcher = sim.pool.open_watcher()
+    await sim.pool.renew_batch(watcher, [(x.lease_id, 5) for x in [*alive, ended]])
+    events = [watcher.events.get_nowait() for _ in range(watcher.events.qsize())]
+    lost = [e for e in events if isinstance(e, Lost)]
+    batches = [e for e in events if isinstance(e, ExpiryBatch)]
+    assert [e.lease_id for e in lost] == [ended.lease_id]
+    assert len(batches) == 1
+    assert {e.lease_id for e in batches[0].expiries} == {x.lease_id for x in alive}
