@@ -37,7 +37,7 @@ def _scripted(args: argparse.Namespace) -> int:
     from swerl.prm.scripted import Reply, ScriptedJudge
 
     configure_logging("console", "warning")
-    replies = [Reply(text=text.replace("\\n", "\n")) for text in args.reply]
+    replies = [Reply(text=text.replace("\\n", "\n"), delay_s=args.delay_s) for text in args.reply]
     judge = ScriptedJudge(
         args.tokenizer_path or bundled_qwen3_tokenizer_dir(), default=replies, host=args.host
     )
@@ -79,5 +79,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=["The step helps.\\n\\boxed{+1}"],
         help="answers played in order, the last repeating",
+    )
+    scripted.add_argument(
+        "--delay-s", type=float, default=0.0, help="seconds each answer takes (model latency)"
     )
     scripted.set_defaults(handler=_scripted)

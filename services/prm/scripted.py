@@ -16,8 +16,9 @@ had in flight at once, which is how tests measure the PRM service's concurrency 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,13 +68,20 @@ class Rule:
         return reply
 
 
-@dataclass(frozen=True)
+@dataclass
 class RecordedRequest:
+    """One request as received; `prompt_text` is decoded on first use (decoding is the
+    server's main CPU cost, and a server without rules never needs it)."""
+
     path: str
-    prompt_text: str
     input_ids: list[int] | None
     seed: int | None
     body: dict[str, Any] = field(repr=False)
+    decode: Callable[[], str] = field(repr=False, default=str)
+
+    @functools.cached_property
+    def prompt_text(self) -> str:
+        return self.decode()
 
 
 class ScriptedJudge:
@@ -140,9 +148,9 @@ class ScriptedJudge:
         finally:
             await self.stop()
 
-    def _reply_for(self, prompt_text: str) -> Reply:
+    def _reply_for(self, recorded: RecordedRequest) -> Reply:
         for rule in self.rules:
-            if rule.contains in prompt_text:
+            if rule.contains in recorded.prompt_text:
                 return rule.next_reply()
         return self.default.next_reply()
 
@@ -152,7 +160,7 @@ class ScriptedJudge:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            reply = self._reply_for(recorded.prompt_text)
+            reply = self._reply_for(recorded)
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
             if reply.hang:
@@ -168,12 +176,11 @@ class ScriptedJudge:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         ids = body.get("input_ids")
-        if isinstance(ids, list) and self.tokenizer is not None:
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        else:
-            text = str(body.get("text", ids))
         seed = (body.get("sampling_params") or {}).get("sampling_seed")
-        reply = await self._play(request, RecordedRequest("/generate", text, ids, seed, body))
+        recorded = RecordedRequest(
+            "/generate", ids, seed, body, functools.partial(self._text, body)
+        )
+        reply = await self._play(request, recorded)
         if reply is None:
             return web.Response(status=500)  # The connection is gone; nobody reads this.
         if reply.status != 200:
@@ -194,11 +201,19 @@ class ScriptedJudge:
             }
         )
 
+    def _text(self, body: dict[str, Any]) -> str:
+        ids = body.get("input_ids")
+        if isinstance(ids, list) and self.tokenizer is not None:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+        return str(body.get("text", ids))
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-        recorded = RecordedRequest("/v1/chat/completions", text, None, body.get("seed"), body)
+        recorded = RecordedRequest(
+            "/v1/chat/completions", None, body.get("seed"), body, functools.partial(str, text)
+        )
         reply = await self._play(request, recorded)
         if reply is None:
             return web.Response(status=500)
