@@ -1,0 +1,244 @@
+"""generate() end to end through the real services on the local dockerd.
+
+Real agent, pool and exec nodes (in-process, loopback ports), the replay policy speaking SGLang's
+`/generate` with the bundled Qwen3 tokenizer, the bundled tasks' images. slime itself is the
+documented stand-in (slime_standin): its Sample class and its GenerateState abort flag.
+2 prompts x 4 samples, as one slime rollout batch would send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from agent_playback import eventually
+from conftest import SAMPLING_PARAMS, make_args
+
+from swerl.agent.replay import ReplayPolicyServer, replay_logprob, scripts_for_tasks
+from swerl.agent.server import local_agent
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.pool.server import local_stack
+from swerl.tasks import default_tasks_dir, load_tasks
+from swerl.trainer_plugin import (
+    filter_infra_failures,
+    generate,
+    log_rollout_data,
+    post_process_rewards,
+)
+from swerl.trainer_plugin.metrics import SEED_METRIC_KEYS, flatten
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("slime")]
+
+PROMPTS = ("swerl-examples__listutils-14", "swerl-examples__romans-5")
+SAMPLES_PER_PROMPT = 4
+IM_END = 151645
+
+
+@dataclass
+class Stack:
+    args: object
+    node_ids: list[str]
+    stack: object
+    tasks: list
+    replay: ReplayPolicyServer
+
+
+@contextlib.asynccontextmanager
+async def real_services(
+    *, nodes: int = 1, latency_s: float = 0.0, max_sandboxes: int = 8, **plugin: object
+) -> AsyncIterator[Stack]:
+    tasks = [t for t in load_tasks(default_tasks_dir()) if t.instance_id in PROMPTS]
+    assert len(tasks) == len(PROMPTS)
+    replay = ReplayPolicyServer(scripts=scripts_for_tasks(tasks), latency_s=latency_s)
+    await replay.start()
+    try:
+        async with (
+            local_stack(nodes=nodes, max_sandboxes=max_sandboxes, purpose="plugin-e2e") as stack,
+            local_agent(stack.pool_address, stack.token) as agent,
+        ):
+            args = make_args([agent.address], agent_token=stack.token, **plugin)
+            # What slime's RolloutManager has: its router and the model's HF directory.
+            args.sglang_router_ip, args.sglang_router_port = replay.host, replay.port
+            args.hf_checkpoint = str(bundled_qwen3_tokenizer_dir())
+            node_ids = [n.settings.node_id for n in stack.nodes]
+            yield Stack(args, node_ids, stack, tasks, replay)
+    finally:
+        await replay.stop()
+
+
+def rollout_batch(slime, tasks) -> list[list]:
+    """slime's groups: n samples per prompt, the dataset row under metadata["instance"]."""
+    groups, index = [], 0
+    for group_index, task in enumerate(tasks):
+        group = []
+        for _ in range(SAMPLES_PER_PROMPT):
+            group.append(
+                slime.Sample(
+                    group_index=group_index,
+                    index=index,
+                    prompt=task.instance["problem_statement"],
+                    metadata={"instance": dict(task.instance), "data_source": "swerl-examples"},
+                )
+            )
+            index += 1
+        groups.append(group)
+    return groups
+
+
+async def generate_groups(args, groups) -> list[list]:
+    """Runs every sample of every group at once, like slime's generate_and_rm_group."""
+    calls = [
+        [asyncio.ensure_future(generate(args, s, dict(SAMPLING_PARAMS))) for s in group]
+        for group in groups
+    ]
+    return [list(await asyncio.gather(*group)) for group in calls]
+
+
+def sandboxes(node_ids: list[str]) -> list[str]:
+    out = []
+    for node_id in node_ids:
+        ps = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=swerl.node={node_id}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out += ps.stdout.split()
+    return out
+
+
+async def no_sandbox_left(node_ids: list[str], within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    left = await asyncio.to_thread(sandboxes, node_ids)
+    while left and time.monotonic() < deadline:
+        await asyncio.sleep(0.25)
+        left = await asyncio.to_thread(sandboxes, node_ids)
+    assert not left, f"sandboxes left behind: {left}"
+
+
+async def sandboxes_running(node_ids: list[str], count: int, within_s: float = 90.0) -> None:
+    deadline = time.monotonic() + within_s
+    while len(await asyncio.to_thread(sandboxes, node_ids)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} sandboxes after {within_s}s"
+        await asyncio.sleep(0.2)
+
+
+def policy_runs(sample) -> list[list[float]]:
+    """The logprobs of each maximal run of loss-mask-1 tokens (one run per policy turn)."""
+    runs, current = [], []
+    for mask, logprob in zip(sample.loss_mask, sample.rollout_log_probs, strict=True):
+        if mask:
+            current.append(logprob)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
+
+
+@pytest.mark.parametrize("per_turn", [False, True], ids=["whole-trajectory", "dynamic-history"])
+async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
+    slime, base_image, per_turn
+):
+    async with real_services(dynamic_history=per_turn) as env:
+        groups = await generate_groups(env.args, rollout_batch(slime, env.tasks))
+        await no_sandbox_left(env.node_ids)
+
+    for group in groups:
+        for out in group:
+            samples = slime.check_call_result(out, per_turn=per_turn)
+            assert len(samples) == (4 if per_turn else 1), "the gold script has 4 turns"
+            for sample in samples:
+                assert sample.status is slime.Sample.Status.COMPLETED
+                assert sample.reward == 1.0 and not sample.remove_sample
+                assert sample.metadata["eval_report"]["status"] == "EVALUATION_STATUS_RESOLVED_FULL"
+                assert sample.weight_versions and set(sample.weight_versions) == {"replay-1"}
+                runs = policy_runs(sample)
+                assert len(runs) == (1 if per_turn else 4)
+                for run in runs:  # exactly what the policy returned, token for token
+                    expected = [replay_logprob(i) for i in range(len(run))]
+                    assert run == pytest.approx(expected, abs=1e-6)
+                if per_turn:
+                    assert sample.tokens[-1] == IM_END, "a turn ends with the policy's <|im_end|>"
+            if per_turn:
+                for earlier, later in itertools.pairwise(samples):
+                    assert later.tokens[: len(earlier.tokens)] == earlier.tokens, (
+                        "each turn's context extends the previous turn's"
+                    )
+    # The group hooks over the batch slime would assemble.
+    for group in groups:
+        assert slime.call_dynamic_filter(filter_infra_failures, env.args, group).keep
+    flat = flatten(groups)
+    raw, rewards = post_process_rewards(env.args, flat)
+    assert raw == [1.0] * len(flat) and rewards == pytest.approx([0.0] * len(flat))
+    extra: dict = {}
+    log_rollout_data(0, env.args, flat, extra, 1.0)
+    assert set(SEED_METRIC_KEYS) <= set(extra), set(SEED_METRIC_KEYS) - set(extra)
+    assert extra["agent/episodes"] == 8.0 and extra["agent/resolved_ratio"] == 1.0
+
+
+async def test_abort_flag_mid_episode_returns_every_call_within_two_seconds(slime, base_image):
+    state = slime.GenerateState(object())
+    async with real_services(latency_s=1.0, dynamic_history=True) as env:
+        batch = rollout_batch(slime, env.tasks)
+        calls = [
+            asyncio.ensure_future(generate(env.args, s, dict(SAMPLING_PARAMS)))
+            for group in batch
+            for s in group
+        ]
+        # Mid-episode: every episode holds its sandbox and has asked the policy for a turn.
+        await eventually(lambda: env.replay.stats.requests >= 2 * len(calls), 120.0)
+        began = time.monotonic()
+        state.aborted = True
+        outs = await asyncio.wait_for(asyncio.gather(*calls), 10.0)
+        took = time.monotonic() - began
+        assert took < 2.0, f"calls returned {took:.2f}s after the abort flag"
+        await no_sandbox_left(env.node_ids)
+    for out in outs:
+        samples = slime.check_call_result(out, per_turn=True)
+        assert all(s.status is slime.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
+        assert samples[0].metadata["cancelled_by"] == "abort"
+    for group in batch:
+        results = [outs[s.index] for s in group]
+        assert not slime.call_dynamic_filter(filter_infra_failures, env.args, results).keep
+
+
+async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(slime, base_image):
+    async with real_services(nodes=2, latency_s=0.5, max_sandboxes=4) as env:
+        batch = rollout_batch(slime, env.tasks)
+        calls = [
+            [asyncio.ensure_future(generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
+            for group in batch
+        ]
+        await sandboxes_running(env.node_ids, 8)
+        killed = env.stack.nodes[0]
+        await killed.stop(0)
+        groups = [list(await asyncio.wait_for(asyncio.gather(*g), 120.0)) for g in calls]
+        await no_sandbox_left(env.node_ids[1:])
+
+    placeholders, kept = 0, 0
+    for group in groups:
+        samples = [slime.check_call_result(out, per_turn=False)[0] for out in group]
+        broken = [s for s in samples if s.remove_sample]
+        for s in broken:
+            assert s.metadata["infra_error"] is True and s.reward == 0.0
+            assert s.status is slime.Sample.Status.FAILED
+            assert s.metadata["error_reason"], "the cause is named"
+        for s in samples:
+            if not s.remove_sample:
+                assert s.status is slime.Sample.Status.COMPLETED and s.reward == 1.0
+        verdict = slime.call_dynamic_filter(filter_infra_failures, env.args, samples)
+        assert verdict.keep == (not broken)
+        placeholders += len(broken)
+        kept += verdict.keep
+    assert placeholders >= 1, "episodes on the killed node end as infra placeholders"
+    extra: dict = {}
+    log_rollout_data(0, env.args, flatten(groups), extra, 1.0)
+    assert extra["agent/infra_error_ratio"] == pytest.approx(placeholders / 8)
