@@ -92,9 +92,9 @@ class Judge:
         try:
             prompt = await self._render(step)
         except PromptTooLong as exc:
-            failed = [Vote(seed=s, text="", value=0, error=str(exc)) for s in seeds]
-            return tally(failed, duration_s=time.monotonic() - started)
-        sampled = await asyncio.gather(*(self._vote(prompt, s) for s in seeds))
+            sampled = [Vote(seed=s, text="", value=0, error=str(exc)) for s in seeds]
+        else:
+            sampled = await asyncio.gather(*(self._vote(prompt, s) for s in seeds))
         model = await self.backend.model_name() if any(not v.error for v in sampled) else ""
         verdict = tally(sampled, judge_model=model, duration_s=time.monotonic() - started)
         metrics.JUDGMENTS.labels(verdict.state.value).inc()

@@ -34,7 +34,8 @@ class Reply:
 
     `text` is the judge's answer; `status` other than 200 answers that HTTP error instead; `drop`
     closes the connection without answering; `hang` never answers (until the client gives up or
-    the server stops); `delay_s` waits before answering.
+    the server stops); `delay_s` waits before answering; `raw_body` is sent as the body verbatim
+    (a broken server's answer).
     """
 
     text: str = ""
@@ -42,6 +43,7 @@ class Reply:
     drop: bool = False
     hang: bool = False
     delay_s: float = 0.0
+    raw_body: str | None = None
 
 
 def verdict(value: int, reasoning: str = "The step looks at the right code.", **kw: Any) -> Reply:
@@ -183,6 +185,8 @@ class ScriptedJudge:
         reply = await self._play(request, recorded)
         if reply is None:
             return web.Response(status=500)  # The connection is gone; nobody reads this.
+        if reply.raw_body is not None:
+            return web.Response(text=reply.raw_body, status=reply.status)
         if reply.status != 200:
             return web.json_response({"error": {"message": "scripted error"}}, status=reply.status)
         output_ids = (
@@ -217,6 +221,8 @@ class ScriptedJudge:
         reply = await self._play(request, recorded)
         if reply is None:
             return web.Response(status=500)
+        if reply.raw_body is not None:
+            return web.Response(text=reply.raw_body, status=reply.status)
         if reply.status != 200:
             return web.json_response({"error": {"message": "scripted error"}}, status=reply.status)
         return web.json_response(

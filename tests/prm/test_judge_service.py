@@ -339,3 +339,34 @@ async def test_votes_and_judgments_are_counted_in_the_metrics(scripted, prm):
     assert value("swerl_prm_votes_total", outcome="invalid") == before["invalid"] + 1
     assert value("swerl_prm_judgments_total", state="SCORED") == scored_before + 1
     assert value("swerl_prm_judge_calls_in_flight") == 0
+
+
+@pytest.mark.parametrize(
+    ("raw_body", "message"),
+    [
+        ("this is not json", "invalid JSON"),
+        ("[1, 2]", "not object"),
+        ('{"meta_info": {}}', "has no text"),
+    ],
+)
+async def test_an_unreadable_answer_from_the_judge_fails_the_vote_without_a_retry(
+    scripted, prm, raw_body, message
+):
+    judge = await scripted(default=[Reply(raw_body=raw_body)])
+    running = await prm(judge.url)
+
+    response = await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+
+    assert response.state == pb.JUDGE_STATE_FAILED
+    assert message in response.error_message
+    assert len(judge.requests) == 1
+
+
+async def test_an_openai_style_answer_without_choices_fails_the_vote(scripted, prm):
+    judge = await scripted(default=[Reply(raw_body='{"choices": []}')])
+    running = await prm(judge.url, backend="openai", judge_model="m", judge_tokenizer_path=None)
+
+    response = await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+
+    assert response.state == pb.JUDGE_STATE_FAILED
+    assert "no choices[0].message" in response.error_message

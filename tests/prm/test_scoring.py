@@ -98,3 +98,11 @@ def test_step_scores_with_outcome_add_the_outcome_to_each_usable_score():
 
 def test_turn_rewards_weight_each_usable_score():
     assert turn_rewards(-1.0, _scores(), 0.5) == [-0.5, -1.0, -1.25, -1.0, -1.0]
+
+
+def test_every_step_state_names_a_state_of_the_agent_contract():
+    from swerl.agent.v1 import agent_pb2
+
+    # The agent maps StepScore.state by name: "STEP_SCORE_STATE_" + state.value.
+    for state in StepState:
+        assert agent_pb2.StepScoreState.Value(f"STEP_SCORE_STATE_{state.value}") > 0
