@@ -114,7 +114,15 @@ def check_record(record: pb.TokenRecord, replay: ReplayPolicyServer | None = Non
 
 def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
     out = subprocess.run(
-        ["docker", "ps", "-a", "--filter", "label=swerl.node", "--format", "{{.Label \"swerl.node\"}}"],
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=swerl.node",
+            "--format",
+            '{{.Label "swerl.node"}}',
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from agent_testkit import (
     agent_stack,
     bundled_tasks,
@@ -17,6 +16,7 @@ from agent_testkit import (
     sandboxes_left,
     start_for,
 )
+
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.v1 import agent_pb2 as pb
 
@@ -35,8 +35,13 @@ async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) 
                 *(
                     run_to_result(
                         env.stub,
-                        start_for(t, url, f"gold-{i}", artifact_dir=str(tmp_path),
-                                  dynamic_history=i % 2 == 1),
+                        start_for(
+                            t,
+                            url,
+                            f"gold-{i}",
+                            artifact_dir=str(tmp_path),
+                            dynamic_history=i % 2 == 1,
+                        ),
                     )
                     for i, t in enumerate(tasks)
                 )
@@ -62,10 +67,22 @@ async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) 
         else:
             check_record(result.trajectory, replay)
             assert result.trajectory.reward == 1.0
-        for key in ("turns", "tool_calls", "model_query_time_sum", "env_execution_time_sum",
-                    "eval_time", "agent_run_time", "total_time", "overhead_time",
-                    "time_per_turn", "model_query_time_avg", "env_execution_time_avg",
-                    "model_time_ratio", "env_time_ratio", "eval_time_ratio"):
+        for key in (
+            "turns",
+            "tool_calls",
+            "model_query_time_sum",
+            "env_execution_time_sum",
+            "eval_time",
+            "agent_run_time",
+            "total_time",
+            "overhead_time",
+            "time_per_turn",
+            "model_query_time_avg",
+            "env_execution_time_avg",
+            "model_time_ratio",
+            "env_time_ratio",
+            "eval_time_ratio",
+        ):
             assert key in result.metrics, key
         artifacts = Path(result.artifact_dir)
         traj = json.loads((artifacts / "traj.json").read_text())

