@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
@@ -54,7 +56,7 @@ def test_trimming_keeps_problem_head_and_tail_of_whole_turns_with_a_marker() -> 
     assert 800 in prompts[-1] and window.omitted_turns == 40 - len(turns)
     # Coarse steps: far fewer cuts than turns, and between cuts each prompt extends the last.
     assert window.trims <= 8
-    extended = sum(1 for a, b in zip(prompts, prompts[1:], strict=False) if b[: len(a)] == a)
+    extended = sum(1 for a, b in itertools.pairwise(prompts) if b[: len(a)] == a)
     assert extended >= len(prompts) - 1 - window.trims
 
 

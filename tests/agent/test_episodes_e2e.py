@@ -61,7 +61,7 @@ async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) 
                 check_record(record, replay)
                 assert set(record.loss_mask) == {1} and record.reward == 1.0
             # Without trimming each turn's prompt extends the previous prompt and response.
-            for before, after in zip(result.turns, result.turns[1:]):
+            for before, after in zip(result.turns, result.turns[1:], strict=False):
                 seen = list(before.prompt_ids) + list(before.response_ids)
                 assert list(after.prompt_ids[: len(seen)]) == seen
         else:

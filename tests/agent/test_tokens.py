@@ -74,16 +74,18 @@ def test_token_stream_is_exactly_what_the_policy_saw_and_sampled(codec, turns, s
     whole = trajectory.whole_record()
     whole.check()
     tokens = whole.prompt_ids + whole.response_ids
-    model_ids = [t for t, m in zip(whole.response_ids, whole.loss_mask) if m == 1]
+    model_ids = [t for t, m in zip(whole.response_ids, whole.loss_mask, strict=False) if m == 1]
     assert model_ids == [t for ids, _ in sampled for t in ids]
-    assert [lp for lp, m in zip(whole.logprobs, whole.loss_mask) if m == 1] == [
+    assert [lp for lp, m in zip(whole.logprobs, whole.loss_mask, strict=False) if m == 1] == [
         lp for _, lps in sampled for lp in lps
     ]
     # One assistant header per turn: none duplicated, none missing.
     assert _header_count(tokens, codec.header_ids) == len(turns)
     # Each turn's record is the exact prompt sent plus that turn's sampled ids.
     offset = len(prompt)
-    for record, (ids, logprobs), unit in zip(trajectory.turn_records, sampled, trajectory.units):
+    for record, (ids, logprobs), unit in zip(
+        trajectory.turn_records, sampled, trajectory.units, strict=False
+    ):
         record.check()
         assert record.prompt_ids == tokens[:offset]
         assert record.response_ids == ids and record.logprobs == logprobs
