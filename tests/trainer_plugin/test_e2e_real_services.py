@@ -217,7 +217,9 @@ async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(
             [asyncio.ensure_future(generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
             for group in batch
         ]
-        await sandboxes_running(env.node_ids, 8)
+        # Mid-rollout: the episodes hold sandboxes on both nodes and are talking to the policy.
+        await eventually(lambda: env.replay.stats.requests >= 8, 120.0)
+        await sandboxes_running(env.node_ids[:1], 2)
         killed = env.stack.nodes[0]
         await killed.stop(0)
         groups = [list(await asyncio.wait_for(asyncio.gather(*g), 120.0)) for g in calls]
