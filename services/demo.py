@@ -1,9 +1,16 @@
 """`swerl demo`: a local tour of what is built so far, on the embedded defaults.
 
-Starts an exec node in-process on the local dockerd (insecure, loopback only), creates a sandbox
-from the base image, and walks through the exec node's contract: a command, isolation between
-commands, a session, a timeout that kills inside the container, bounded output, a diff of the
-working tree, and cleanup. Later parts of swerl (pool, agent, evaluation) extend this tour.
+Part 1 starts an exec node in-process on the local dockerd (insecure, loopback only), creates a
+sandbox from the base image, and walks through the exec node's contract: a command, isolation
+between commands, a session, a timeout that kills inside the container, bounded output, a diff of
+the working tree, and cleanup.
+
+Part 2 runs the bundled tasks (examples/tasks) end to end: a pool with an exec node, the agent
+service, and the replay policy server (SGLang's `/generate`, the real Qwen3 tokenizer) that plays
+"look around, apply the fix, run the tests, submit" for each task; every episode goes through
+RunEpisode, its patch is graded by EvaluateService in a fresh sandbox, and a summary table of
+statuses, rewards, turns, tokens and times ends the demo. One more episode submits a wrong fix
+(reward -1) and one gets a policy that answers garbage (format errors until the turn limit).
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ def _say(step: str, detail: str = "") -> None:
     print(f"\n== {step}" + (f"\n{detail}" if detail else ""), flush=True)
 
 
-async def run_demo(image: str = DEFAULT_IMAGE) -> int:
+async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
+    """Part 1: the exec node's contract on one sandbox."""
     async with local_node("demo") as (node, channel):
         port = node.port
         client = SandboxClient(channel)
@@ -103,6 +111,121 @@ async def run_demo(image: str = DEFAULT_IMAGE) -> int:
                 )
                 _say("DestroySandbox", f"existed={response.existed}; nothing left behind")
     return 0
+
+
+async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) -> int:
+    """Part 2: the bundled tasks through pool, exec, agent and evaluation with the replay policy."""
+    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+    from swerl.agent.server import local_agent
+    from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
+    from swerl.chassis.client import make_channel
+    from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+    from swerl.chassis.timeconv import duration_pb
+    from swerl.pool.server import local_stack
+    from swerl.tasks import build_images, default_tasks_dir, load_tasks
+    from swerl.validate import instance_to_pb
+
+    tasks = load_tasks(default_tasks_dir())
+    _say("task images", f"{len(tasks)} bundled tasks; building the images that are missing")
+    await asyncio.to_thread(
+        build_images, tasks, base_image=base_image, progress=lambda line: print("  " + line)
+    )
+    tokenizer = str(bundled_qwen3_tokenizer_dir())
+    gold = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"), tokenizer_dir=tokenizer)
+    wrong_task = next((t for t in tasks if t.wrong_patch), tasks[0])
+    wrong = ReplayPolicyServer(scripts_for_tasks([wrong_task], "wrong"), tokenizer_dir=tokenizer)
+    garbage = ReplayPolicyServer(garbage=True, tokenizer_dir=tokenizer)
+    urls = [await server.start() for server in (gold, wrong, garbage)]
+    status_name = agent_pb2.EpisodeStatus.Name
+    rows: list[tuple[str, str, str, str, int, int, float]] = []
+    try:
+        async with local_stack(nodes=1, max_sandboxes=8, purpose="demo") as stack:
+            async with local_agent(stack.pool_address, stack.token) as agent:
+                _say(
+                    "services",
+                    f"pool {stack.pool_address}, exec node {stack.node_addresses[0]},"
+                    f" agent {agent.address}, replay policy {urls[0]} (Qwen3 tokenizer)",
+                )
+                channel = make_channel(agent.address, token=stack.token)
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                limit = asyncio.Semaphore(concurrency)
+
+                async def episode(task, url: str, kind: str, max_turns: int = 8) -> None:
+                    start = agent_pb2.EpisodeStart(
+                        episode_id=f"demo-{kind}-{task.instance_id}",
+                        instance=instance_to_pb(task.instance),
+                        policy=agent_pb2.PolicyConfig(
+                            endpoint=url, model="replay", tokenizer_path=tokenizer
+                        ),
+                        limits=agent_pb2.EpisodeLimits(
+                            max_turns=max_turns, command_timeout=duration_pb(60)
+                        ),
+                        options=agent_pb2.EpisodeOptions(owner="demo"),
+                    )
+                    start.policy.sampling_params.update({"temperature": 1.0})
+                    async with limit:
+                        started = time.monotonic()
+                        call = stub.RunEpisode(
+                            iter([agent_pb2.RunEpisodeRequest(start=start)]), timeout=900
+                        )
+                        result = None
+                        async for message in call:
+                            if message.WhichOneof("kind") == "result":
+                                result = message.result
+                    assert result is not None
+                    reward = f"{result.reward:+.0f}" if result.HasField("reward") else "none"
+                    tokens = len(result.trajectory.prompt_ids) + len(result.trajectory.response_ids)
+                    rows.append(
+                        (
+                            task.instance_id,
+                            kind,
+                            status_name(result.status).removeprefix("EPISODE_STATUS_"),
+                            reward,
+                            int(result.metrics.get("turns", 0)),
+                            tokens,
+                            time.monotonic() - started,
+                        )
+                    )
+                    print(
+                        f"  {kind:7} {task.instance_id}: {rows[-1][2]} reward {reward}", flush=True
+                    )
+
+                _say("RunEpisode", f"{len(tasks)} gold episodes, {concurrency} at a time")
+                try:
+                    await asyncio.gather(
+                        *(episode(t, urls[0], "gold") for t in tasks),
+                        episode(wrong_task, urls[1], "wrong"),
+                        episode(tasks[0], urls[2], "garbage", max_turns=4),
+                    )
+                finally:
+                    await channel.close()
+    finally:
+        for server in (gold, wrong, garbage):
+            await server.stop()
+    header = f"{'instance':34} {'policy':8} {'status':14} {'reward':>6} {'turns':>5}"
+    lines = [header + f" {'tokens':>7} {'time':>7}"]
+    for instance_id, kind, status, reward, turns, tokens, seconds in sorted(rows):
+        lines.append(
+            f"{instance_id:34} {kind:8} {status:14} {reward:>6} {turns:>5} {tokens:>7}"
+            f" {seconds:6.1f}s"
+        )
+    resolved = sum(1 for row in rows if row[1] == "gold" and row[3] == "+1")
+    gold_ok = resolved == len(tasks)
+    wrong_ok = any(row[1] == "wrong" and row[3] == "-1" for row in rows)
+    garbage_ok = any(row[1] == "garbage" and row[2] == "LIMIT_TURNS" for row in rows)
+    lines.append(
+        f"\ngold: {resolved}/{len(tasks)} resolved (+1); wrong fix: "
+        f"{'-1 as expected' if wrong_ok else 'NOT -1'}; garbage: "
+        f"{'format errors until LIMIT_TURNS' if garbage_ok else 'unexpected'}"
+    )
+    _say("summary", "\n".join(lines))
+    return 0 if gold_ok and wrong_ok and garbage_ok else 1
+
+
+async def run_demo(image: str = DEFAULT_IMAGE) -> int:
+    """The whole tour (`swerl demo`): the exec node, then episodes through every service."""
+    status = await run_exec_demo(image)
+    return status or await run_agent_demo(image)
 
 
 def main() -> int:
