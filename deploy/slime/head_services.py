@@ -145,18 +145,24 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 
 
 def default_specs(
-    services: Sequence[str], *, host: str, exec_nodes: Sequence[str], state_dir: str
+    services: Sequence[str],
+    *,
+    host: str,
+    exec_nodes: Sequence[str],
+    state_dir: str,
+    ports: dict[str, int] | None = None,
 ) -> list[ServiceSpec]:
     """`swerl <svc> serve` for each requested service, wired to each other on this host.
 
     Tokens and every other setting come from the environment (`SWERL_POOL_*`, `SWERL_AGENT_*`,
     `SWERL_PRM_*`), which the launch script fills.
     """
+    ports = {**DEFAULT_PORTS, **(ports or {})}
     specs = []
     for name in ("pool", "prm", "agent"):  # the agent needs the other two up first
         if name not in services:
             continue
-        port = DEFAULT_PORTS[name]
+        port = ports[name]
         argv = ["swerl", name, "serve", "--host", "0.0.0.0", "--port", str(port)]
         env: dict[str, str] = {}
         if name == "pool":
@@ -164,9 +170,9 @@ def default_specs(
             if exec_nodes:
                 argv += ["--nodes", *exec_nodes]
         if name == "agent":
-            env["SWERL_AGENT_POOL_ADDRESS"] = f"127.0.0.1:{DEFAULT_PORTS['pool']}"
+            env["SWERL_AGENT_POOL_ADDRESS"] = f"127.0.0.1:{ports['pool']}"
             if "prm" in services:
-                env["SWERL_AGENT_PRM_ENDPOINT"] = f"127.0.0.1:{DEFAULT_PORTS['prm']}"
+                env["SWERL_AGENT_PRM_ENDPOINT"] = f"127.0.0.1:{ports['prm']}"
         specs.append(ServiceSpec(name=name, argv=argv, port=port, env=env, host="127.0.0.1"))
     return specs
 
@@ -194,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-dir", default="/var/lib/swerl", help="services' state dirs")
     parser.add_argument("--log-dir", default="/tmp/swerl-head", help="services' logs")
     parser.add_argument("--stop-grace-s", type=float, default=15.0)
+    for name, port in DEFAULT_PORTS.items():
+        parser.add_argument(f"--{name}-port", type=int, default=port)
     parser.add_argument(
         "--wait-serving",
         metavar="HOST:PORT",
@@ -216,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host="127.0.0.1",
         exec_nodes=args.exec_nodes,
         state_dir=args.state_dir,
+        ports={name: getattr(args, f"{name}_port") for name in DEFAULT_PORTS},
     )
     actor, addresses = start_actor(specs, args.log_dir)
     print(f"swerl head services up: {addresses}", flush=True)

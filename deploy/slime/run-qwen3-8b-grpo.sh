@@ -42,7 +42,10 @@ WITH_PRM=${WITH_PRM:-0}                     # 1: start PrmService and shape rewa
 PRM_JUDGE_URL=${PRM_JUDGE_URL:-}            # SGLang router of the judge model (PRM on)
 PRM_JUDGE_TOKENIZER=${PRM_JUDGE_TOKENIZER:-}  # the judge model's HF tokenizer directory
 DYNAMIC_HISTORY=${DYNAMIC_HISTORY:-0}       # 1: one training sample per turn
-AGENT_ADDRESSES=${AGENT_ADDRESSES:-${HEAD_IP}:18091}   # SERVICES_MODE=external: yours
+POOL_PORT=${POOL_PORT:-18090}
+AGENT_PORT=${AGENT_PORT:-18091}
+PRM_PORT=${PRM_PORT:-18092}
+AGENT_ADDRESSES=${AGENT_ADDRESSES:-${HEAD_IP}:${AGENT_PORT}}   # SERVICES_MODE=external: yours
 : "${SWERL_TOKEN:?set SWERL_TOKEN: the bearer token of the swerl services}"
 : "${SWERL_CAPABILITY_SECRET:?set SWERL_CAPABILITY_SECRET: shared by the pool and exec nodes}"
 
@@ -166,6 +169,7 @@ case "${SERVICES_MODE}" in
       --runtime-env-json "$(runtime_env "${SERVICE_ENV[@]}" "${PLUGIN_ENV[@]}")" \
       -- python3 "${SCRIPT_DIR}/head_services.py" --services "${SERVICES}" \
       --exec-nodes "${NODES[@]}" --state-dir "${STATE_DIR}" --log-dir "${LOG_DIR}" \
+      --pool-port "${POOL_PORT}" --agent-port "${AGENT_PORT}" --prm-port "${PRM_PORT}" \
       -- "${TRAIN[@]}"
     ;;
   processes)
@@ -179,13 +183,13 @@ case "${SERVICES_MODE}" in
       python3 "${SCRIPT_DIR}/head_services.py" --wait-serving "127.0.0.1:${port}" \
         --timeout-s 120 || { echo "${name} did not come up; see ${LOG_DIR}/${name}.log" >&2; exit 1; }
     }
-    start pool 18090 swerl pool serve --state-dir "${STATE_DIR}/pool" --nodes "${NODES[@]}"
+    start pool "${POOL_PORT}" swerl pool serve --state-dir "${STATE_DIR}/pool" --nodes "${NODES[@]}"
     if [[ "${WITH_PRM}" == 1 ]]; then
-      start prm 18092 swerl prm serve
-      SERVICE_ENV+=("SWERL_AGENT_PRM_ENDPOINT=127.0.0.1:18092")
+      start prm "${PRM_PORT}" swerl prm serve
+      SERVICE_ENV+=("SWERL_AGENT_PRM_ENDPOINT=127.0.0.1:${PRM_PORT}")
     fi
-    SERVICE_ENV+=("SWERL_AGENT_POOL_ADDRESS=127.0.0.1:18090")
-    start agent 18091 swerl agent serve
+    SERVICE_ENV+=("SWERL_AGENT_POOL_ADDRESS=127.0.0.1:${POOL_PORT}")
+    start agent "${AGENT_PORT}" swerl agent serve
     ray job submit --address "${RAY_DASHBOARD}" \
       --runtime-env-json "$(runtime_env "${PLUGIN_ENV[@]}")" -- "${TRAIN[@]}"
     ;;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -22,11 +23,19 @@ from swerl.trainer_plugin.settings import settings_from_args
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy/slime/run-qwen3-8b-grpo.sh"
 
+# Records its arguments; with PROBE set ("name=host:port ..."), also whether each server there
+# is SERVING at the moment the job is submitted.
 RECORDING_RAY = """#!/usr/bin/env bash
 python3 - "$@" <<'PY'
-import json, os, sys
+import json, os, subprocess, sys
+record = {"argv": sys.argv[1:], "serving": {}}
+for item in os.environ.get("PROBE", "").split():
+    name, address = item.split("=", 1)
+    probe = [sys.executable, os.environ["HEAD_SERVICES"], "--wait-serving", address,
+             "--timeout-s", "5"]
+    record["serving"][name] = subprocess.run(probe).returncode == 0
 with open(os.environ["RAY_CALLS"], "a") as out:
-    out.write(json.dumps(sys.argv[1:]) + "\\n")
+    out.write(json.dumps(record) + "\\n")
 PY
 """
 
@@ -43,6 +52,7 @@ def run_script(tmp_path: Path, **env: str) -> list[list[str]]:
     values = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "RAY_CALLS": str(calls),
+        "HEAD_SERVICES": str(ROOT / "deploy/slime/head_services.py"),
         "SLIME_DIR": str(slime),
         "LOG_DIR": str(tmp_path / "logs"),
         "START_RAY": "0",
@@ -52,8 +62,12 @@ def run_script(tmp_path: Path, **env: str) -> list[list[str]]:
         "EXEC_NODES": "n1=10.0.0.11:5000 n2=10.0.0.12:5000",
         **env,
     }
-    subprocess.run(["bash", str(SCRIPT)], env=values, check=True, capture_output=True)
+    subprocess.run(["bash", str(SCRIPT)], env=values, check=True, capture_output=True, timeout=180)
     return [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def run_script_argv(tmp_path: Path, **env: str) -> list[list[str]]:
+    return [record["argv"] for record in run_script(tmp_path, **env)]
 
 
 def _submit_parts(call: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -67,7 +81,7 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_the_job_runs_slime_grpo_with_the_seed_arguments_and_every_swerl_hook(tmp_path):
-    (call,) = run_script(tmp_path, SERVICES_MODE="external")
+    (call,) = run_script_argv(tmp_path, SERVICES_MODE="external")
     _, train = _submit_parts(call)
     assert train[0] == "python3" and train[1].endswith("slime/train.py")
     assert _flag(train, "--advantage-estimator") == "grpo"
@@ -91,7 +105,7 @@ def test_the_job_runs_slime_grpo_with_the_seed_arguments_and_every_swerl_hook(tm
 def test_settings_reach_the_plugin_through_the_runtime_env_and_the_custom_config(
     tmp_path, monkeypatch
 ):
-    (call,) = run_script(
+    (call,) = run_script_argv(
         tmp_path,
         SERVICES_MODE="external",
         DYNAMIC_HISTORY="1",
@@ -118,7 +132,7 @@ def test_settings_reach_the_plugin_through_the_runtime_env_and_the_custom_config
 
 
 def test_ray_actor_mode_makes_the_job_own_the_head_services(tmp_path):
-    (call,) = run_script(
+    (call,) = run_script_argv(
         tmp_path, WITH_PRM="1", PRM_JUDGE_URL="http://j:30000", PRM_JUDGE_TOKENIZER="/m/judge"
     )
     env, entry = _submit_parts(call)
@@ -136,5 +150,32 @@ def test_ray_actor_mode_makes_the_job_own_the_head_services(tmp_path):
 
 def test_the_script_refuses_to_start_without_a_token(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
-        run_script(tmp_path, SWERL_TOKEN="")
+        run_script_argv(tmp_path, SWERL_TOKEN="")
     assert b"SWERL_TOKEN" in failed.value.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_processes_mode_serves_pool_and_agent_during_the_job_and_stops_them_after(tmp_path):
+    ports = {"pool": _free_port(), "agent": _free_port()}
+    probe = " ".join(f"{name}=127.0.0.1:{port}" for name, port in ports.items())
+    (record,) = run_script(
+        tmp_path,
+        SERVICES_MODE="processes",
+        EXEC_NODES="",
+        STATE_DIR=str(tmp_path / "state"),
+        POOL_PORT=str(ports["pool"]),
+        AGENT_PORT=str(ports["agent"]),
+        PROBE=probe,
+    )
+    assert record["serving"] == {"pool": True, "agent": True}, "services were up for the job"
+    env, train = _submit_parts(record["argv"])
+    assert env["SWERL_PLUGIN_AGENT_ADDRESSES"] == f"10.0.0.1:{ports['agent']}"
+    assert train[1].endswith("slime/train.py")
+    for port in ports.values():  # the script's exit stopped them
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still served"
