@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -10,7 +11,7 @@ from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.capability import require_lease_token
 from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
-from swerl.exec.shell import CommandSpec, Exit, Output, Started
+from swerl.exec.shell import CommandRun, CommandSpec, Exit, Output, Started
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
@@ -47,6 +48,30 @@ def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
         ),
         network=_NETWORK_TO_PB.get(record.network, pb.NETWORK_MODE_NONE),
         node_id=node_id,
+    )
+
+
+def _command_spec(start: pb.ExecStart) -> CommandSpec:
+    return CommandSpec(
+        command=start.command,
+        cwd=start.cwd,
+        env=dict(start.env),
+        timeout_s=seconds_of(start.timeout),
+        max_output_bytes=start.max_output_bytes,
+        session=start.mode == pb.EXEC_MODE_SESSION,
+        open_stdin=start.open_stdin,
+        notify_started=start.notify_started,
+    )
+
+
+def _exit_pb(event: Exit) -> pb.ExecExit:
+    return pb.ExecExit(
+        exit_code=event.exit_code,
+        timed_out=event.timed_out,
+        output_truncated=event.output_truncated,
+        duration=duration_pb(event.duration_s),
+        bytes_dropped=event.bytes_dropped,
+        signaled=event.signaled,
     )
 
 
@@ -94,19 +119,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         require_lease_token(self._m, context, start.sandbox_id)
         if not start.command.strip():
             raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
-        run = self._m.start_command(
-            start.sandbox_id,
-            CommandSpec(
-                command=start.command,
-                cwd=start.cwd,
-                env=dict(start.env),
-                timeout_s=seconds_of(start.timeout),
-                max_output_bytes=start.max_output_bytes,
-                session=start.mode == pb.EXEC_MODE_SESSION,
-                open_stdin=start.open_stdin,
-                notify_started=start.notify_started,
-            ),
-        )
+        run = self._m.start_command(start.sandbox_id, _command_spec(start))
         inputs = asyncio.get_running_loop().create_task(
             self._pump_inputs(request_iterator, run, start.open_stdin)
         )
@@ -154,6 +167,76 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     run.request_signal("KILL")
                     raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
                 await run.write_stdin(message.stdin.data, message.stdin.close)
+
+    async def ExecCommands(
+        self, request_iterator: AsyncIterator[pb.ExecCommandsRequest], context
+    ) -> AsyncIterator[pb.ExecCommandsResponse]:
+        # The reader turns each `start` into a run (or the error that ends the call) and queues
+        # it; this loop runs them one after another and streams their events.
+        queued: asyncio.Queue[CommandRun | Exception | None] = asyncio.Queue()
+        unfinished: collections.deque[CommandRun] = collections.deque()
+        reader = asyncio.get_running_loop().create_task(
+            self._read_commands(request_iterator, context, queued, unfinished)
+        )
+        try:
+            while True:
+                item = await queued.get()
+                if item is None:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                async for event in item.events():
+                    if isinstance(event, Output):
+                        yield pb.ExecCommandsResponse(
+                            output=pb.ExecOutput(stream=event.stream, data=event.data)
+                        )
+                    elif isinstance(event, Exit):
+                        yield pb.ExecCommandsResponse(exit=_exit_pb(event))
+                    else:
+                        yield pb.ExecCommandsResponse(started=pb.ExecStarted(pgid=event.pgid))
+        finally:
+            for run in unfinished:
+                run.abandon()
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
+    async def _read_commands(
+        self,
+        requests: AsyncIterator[pb.ExecCommandsRequest],
+        context,
+        queued: asyncio.Queue[CommandRun | Exception | None],
+        unfinished: collections.deque[CommandRun],
+    ) -> None:
+        try:
+            async for message in requests:
+                kind = message.WhichOneof("kind")
+                if kind == "start":
+                    start = message.start
+                    require_lease_token(self._m, context, start.sandbox_id)
+                    if not start.command.strip():
+                        raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
+                    run = self._m.start_command(start.sandbox_id, _command_spec(start))
+                    unfinished.append(run)
+                    queued.put_nowait(run)
+                    continue
+                while unfinished and unfinished[0].finished:
+                    unfinished.popleft()
+                target = unfinished[0] if unfinished else None
+                if kind == "signal":
+                    signal = _SIGNALS.get(message.signal.signal)
+                    if signal is not None and target is not None:
+                        target.request_signal(signal)
+                elif kind == "stdin":
+                    if target is None or not target.spec.open_stdin:
+                        if target is not None:
+                            target.request_signal("KILL")
+                        raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
+                    await target.write_stdin(message.stdin.data, message.stdin.close)
+        except Exception as exc:  # ends the call once the commands queued before it are done
+            queued.put_nowait(exc)
+        else:
+            queued.put_nowait(None)
 
     async def GetDiff(self, request: pb.GetDiffRequest, context) -> pb.GetDiffResponse:
         require_lease_token(self._m, context, request.sandbox_id)

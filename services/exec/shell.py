@@ -17,6 +17,7 @@ is killed and the supervisor is back in step for the next command, or replaced i
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import itertools
@@ -191,7 +192,10 @@ class Supervisor:
         self.fd_in, self.fd_out, self.fd_err = fd_in, fd_out, fd_err
         self.pid = 0
         self.token = secrets.token_hex(12)
+        self.scanner = MarkerScanner(self.token)
         self.dead = False
+        # Bytes of command lines the stdin pipe could not take yet, written when it drains.
+        self._pending: bytearray | None = None
         self.paused = False
         # Where output goes: the running command's handler, or nowhere between commands.
         self.sink: Callable[[int, bytes], None] | None = None
@@ -357,10 +361,45 @@ class Supervisor:
                 self._eof()
                 raise EOFError("shell is gone") from exc
 
+    def send(self, data: bytes) -> None:
+        """Writes to the shell's stdin without waiting: what the pipe cannot take now is written,
+        in order, as it drains. A shell found gone is handled as its end of output."""
+        if self._pending is not None:
+            self._pending += data
+            return
+        try:
+            written = os.write(self.fd_in, data)
+        except BlockingIOError:
+            written = 0
+        except OSError:
+            self._eof()
+            return
+        if written < len(data):
+            self._pending = bytearray(data[written:])
+            self._loop.add_writer(self.fd_in, self._flush)
+
+    def _flush(self) -> None:
+        assert self._pending is not None
+        try:
+            written = os.write(self.fd_in, self._pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._eof()
+            return
+        del self._pending[:written]
+        if not self._pending:
+            self._pending = None
+            self._loop.remove_writer(self.fd_in)
+
     def close(self) -> None:
         if self.dead:
             return
         self.dead = True
+        if self._pending is not None:
+            self._pending = None
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(self.fd_in)
         for fd in (self.fd_out, self.fd_err):
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(fd)
@@ -434,9 +473,7 @@ class SandboxShell:
     def start(self, spec: CommandSpec) -> CommandRun:
         if not spec.command.strip():
             raise InvalidCommand("empty command")
-        run = CommandRun(self, spec)
-        self.spawn(run.drive())
-        return run
+        return CommandRun(self, spec)
 
     async def run_capture(
         self, command: str, *, timeout_s: float, max_output_bytes: int
@@ -496,38 +533,85 @@ class SandboxShell:
 
 
 _DONE = object()
+# Command nonces: unique within this node process, and across restarts thanks to the prefix (a
+# pgid file left by an earlier node must never match a new command).
+_NONCE_PREFIX = secrets.token_hex(4)
+_nonces = itertools.count(1)
+# CommandRun states.
+_NEW, _RUNNING, _FINISHED = 0, 1, 2
 
 
 class CommandRun:
-    """One command: `events()` yields [Started], Output..., then exactly one Exit."""
+    """One command: `events()` yields [Started], Output..., then exactly one Exit.
+
+    No task of its own: the caller iterating `events()` takes the shell's lock, writes the
+    command and reads events the FIFO readers put here. The lock is released by the reader
+    callback that sees the command's end marker, so the next command can start without another
+    trip through the event loop. A caller that goes away calls `abandon()`: the command's
+    process group is killed, and the lock stays held until the supervisor reports (or is
+    replaced), so the next command always finds it in step.
+    """
 
     def __init__(self, shell: SandboxShell, spec: CommandSpec) -> None:
         self._shell = shell
         self.spec = spec
-        self.nonce = secrets.token_hex(8)
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"
+        self._items: collections.deque[object] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._sup: Supervisor | None = None
+        self._state = _NEW
         self._abandoned = False
         self._signaled = False
         self._timed_out = False
         self._backstop_fired = False
+        self._backstop: asyncio.TimerHandle | None = None
         self._exit_code: int | None = None
-        self._scanner: MarkerScanner | None = None
         self._cap = OutputCap(max(spec.max_output_bytes, 2))
-        self._done = asyncio.get_running_loop().create_future()
-        self._started_at = time.monotonic()
-        self._finished = asyncio.Event()
+        self._started_at = 0.0
+        self._finished_waiters: list[asyncio.Future[None]] = []
         self._stdin_fifo = shell.io_dir / f"stdin.{self.nonce}" if spec.open_stdin else None
         self._stdin_fd: int | None = None
-        self._stdin_ready = asyncio.Event()
+        self._stdin_ready: asyncio.Event | None = asyncio.Event() if spec.open_stdin else None
         self._opening: asyncio.Future[int] | None = None
+        # Built (and validated) now, so a bad command fails before it waits for the shell.
+        stdin_path = f"{CONTAINER_IO_DIR}/{self._stdin_fifo.name}" if self._stdin_fifo else ""
+        self._line = frame(
+            b" ".join(
+                [
+                    self.nonce.encode(),
+                    b"%012.3f" % min(max(spec.timeout_s, 0.001), MAX_TIMEOUT_S),
+                    b"s" if spec.session else b"i",
+                    b"1" if spec.notify_started or spec.open_stdin else b"0",
+                    bash_quote(spec.cwd) if spec.cwd else b"''",
+                    bash_quote(stdin_path) if stdin_path else b"''",
+                    bash_quote(env_script(spec.env)) if spec.env else b"''",
+                    bash_quote(spec.command),
+                ]
+            )
+        )
+
+    @property
+    def finished(self) -> bool:
+        return self._state == _FINISHED
 
     # -- consumer side --------------------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
+        if self._state == _NEW and not self._abandoned:
+            await self._begin()
+        items = self._items
         while True:
-            item = await self._queue.get()
+            if not items:
+                if self._state != _RUNNING:
+                    return
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                continue
+            item = items.popleft()
             sup = self._sup
-            if sup is not None and sup.paused and self._queue.qsize() <= RESUME_AT:
+            if sup is not None and sup.paused and len(items) <= RESUME_AT:
                 sup.resume()
             if item is _DONE:
                 return
@@ -538,27 +622,34 @@ class CommandRun:
                 return
 
     def abandon(self) -> None:
-        """The caller is gone: kill the command; the driver re-synchronises on its own."""
-        if self._finished.is_set() or self._abandoned:
+        """The caller is gone: kill the command; the supervisor re-synchronises on its own."""
+        if self._state == _FINISHED or self._abandoned:
             return
         self._abandoned = True
-        while not self._queue.empty():
-            self._queue.get_nowait()
+        self._items.clear()
+        if self._state == _NEW:  # never written: nothing runs
+            return
         if self._sup is not None:
             self._sup.resume()
         self._shell.spawn(self._kill("KILL"))
         self._shell.spawn(self._replace_if_stuck())
 
     def request_signal(self, signal: str) -> None:
-        if self._finished.is_set():
+        if self._state == _FINISHED:
             return
         self._signaled = True
         self._shell.spawn(self._kill(signal))
 
+    async def wait_finished(self) -> None:
+        if self._state != _FINISHED:
+            waiter = asyncio.get_running_loop().create_future()
+            self._finished_waiters.append(waiter)
+            await waiter
+
     async def _kill(self, signal: str) -> None:
         # The command may not be forked yet: its pgid appears in the I/O dir within a moment.
         deadline = time.monotonic() + 5.0
-        while not self._finished.is_set() and time.monotonic() < deadline:
+        while self._state != _FINISHED and time.monotonic() < deadline:
             pgid = self._shell.current_pgid(self.nonce)
             if pgid:
                 await self._shell.kill_group(pgid, signal)
@@ -569,12 +660,15 @@ class CommandRun:
         # The kill should bring the end marker within milliseconds; if not, the supervisor is
         # wedged and the next command must get a fresh one.
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._finished.wait(), RESYNC_S)
+            await asyncio.wait_for(self.wait_finished(), RESYNC_S)
             return
         if self._sup is not None:
             await self._shell.kill_supervisor(self._sup)
+            self._on_eof()
 
     async def write_stdin(self, data: bytes, close: bool) -> None:
+        if self._stdin_ready is None:
+            return
         await self._stdin_ready.wait()
         fd = self._stdin_fd
         if fd is None:
@@ -598,25 +692,26 @@ class CommandRun:
     def _put(self, item: object) -> None:
         if self._abandoned:
             return
-        self._queue.put_nowait(item)
-        if self._queue.qsize() >= PAUSE_AT and self._sup is not None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        if len(self._items) >= PAUSE_AT and self._sup is not None:
             self._sup.pause()
 
     def _on_data(self, stream: int, data: bytes) -> None:
         if stream == STDERR:
             self._emit_output(STDERR, data)
             return
-        assert self._scanner is not None
-        for is_marker, payload in self._scanner.feed(data):
+        assert self._sup is not None
+        for is_marker, payload in self._sup.scanner.feed(data):
             if not is_marker:
                 self._emit_output(STDOUT, payload)
             elif payload.startswith(b"E:"):
                 self._exit_code = int(payload[2:])
-                if self._sup is not None:
-                    self._sup.drain_stderr()
-                # Finishing here, in the reader callback, hands the exit to the caller without
-                # another trip through the event loop.
+                self._sup.drain_stderr()
                 self._finish(self._exit_code)
+                return
             elif payload == b"T":
                 self._timed_out = True
             elif payload.startswith(b"S:"):
@@ -627,11 +722,29 @@ class CommandRun:
             self._put(Output(out_stream, chunk))
 
     def _on_eof(self) -> None:
-        if not self._done.done():
-            self._done.set_result(None)
+        """The supervisor died under the command (e.g. `kill -9 $$`) or was replaced."""
+        if self._state != _RUNNING or self._exit_code is not None:
+            return
+        sup = self._sup
+        self._exit_code = 137
+        if sup is not None:
+            sup.sink = sup.on_eof = None
+            sup.close()
+        self._shell.spawn(self._after_eof())
+
+    async def _after_eof(self) -> None:
+        # The command's process group may still be alive.
+        try:
+            pgid = self._shell.current_pgid(self.nonce)
+            if pgid:
+                await self._shell.kill_group(pgid)
+        finally:
+            self._timed_out = self._timed_out or self._backstop_fired
+            self._finish(137)
 
     def _finish(self, exit_code: int) -> None:
-        if self._done.done():
+        """The command has ended: hand over its exit, then free the shell for the next one."""
+        if self._state != _RUNNING:
             return
         for out_stream, chunk in self._cap.finish():
             self._put(Output(out_stream, chunk))
@@ -645,103 +758,94 @@ class CommandRun:
                 signaled=self._signaled and not self._timed_out,
             )
         )
-        self._done.set_result(None)
+        self._release()
 
-    # -- driver ---------------------------------------------------------------------------
-    async def drive(self) -> None:
-        try:
-            async with self._shell.lock:
-                await self._run_locked()
-        except BaseException as exc:  # surfaced to the consumer, never lost
-            if not self._abandoned:
-                self._queue.put_nowait(exc if isinstance(exc, Exception) else _DONE)
-            if not isinstance(exc, Exception):
-                raise
-        finally:
-            self._finished.set()
+    def _release(self) -> None:
+        self._state = _FINISHED
+        sup = self._sup
+        if sup is not None and sup.sink == self._on_data:
+            sup.sink = sup.on_eof = None
+        if self._backstop is not None:
+            self._backstop.cancel()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        for waiter in self._finished_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._finished_waiters.clear()
+        if self._stdin_ready is not None:
             self._stdin_ready.set()
             self._close_stdin()
-            opening = self._opening
-            if opening is not None and not opening.done() and self._stdin_fifo is not None:
-                # A thread still blocked opening the stdin FIFO returns once a reader shows up.
-                _unblock_fifo(self._stdin_fifo)
-                opening.add_done_callback(
-                    lambda f: f.cancelled() or f.exception() or os.close(f.result())
-                )
-            if self._stdin_fifo is not None:
-                with contextlib.suppress(OSError):
-                    self._stdin_fifo.unlink()
+            self._drop_stdin_fifo()
+        self._shell.lock.release()
 
-    async def _run_locked(self) -> None:
-        shell, spec = self._shell, self.spec
-        sup = await shell.ensure_supervisor()
-        self._sup = sup
-        self._scanner = MarkerScanner(sup.token)
-        loop = asyncio.get_running_loop()
-        stdin_path = ""
+    def _drop_stdin_fifo(self) -> None:
+        opening = self._opening
+        if opening is not None and not opening.done() and self._stdin_fifo is not None:
+            # A thread still blocked opening the stdin FIFO returns once a reader shows up.
+            _unblock_fifo(self._stdin_fifo)
+            opening.add_done_callback(
+                lambda f: f.cancelled() or f.exception() or os.close(f.result())
+            )
         if self._stdin_fifo is not None:
-            _mkfifo(self._stdin_fifo)
-            stdin_path = f"{CONTAINER_IO_DIR}/{self._stdin_fifo.name}"
-        line = b" ".join(
-            [
-                self.nonce.encode(),
-                b"%012.3f" % min(max(spec.timeout_s, 0.001), MAX_TIMEOUT_S),
-                b"s" if spec.session else b"i",
-                b"1" if spec.notify_started or spec.open_stdin else b"0",
-                bash_quote(spec.cwd),
-                bash_quote(stdin_path),
-                bash_quote(env_script(spec.env)),
-                bash_quote(spec.command),
-            ]
-        )
-        sup.sink, sup.on_eof = self._on_data, self._on_eof
-        self._started_at = time.monotonic()
-        backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop, sup)
+            with contextlib.suppress(OSError):
+                self._stdin_fifo.unlink()
+
+    # -- start ----------------------------------------------------------------------------
+    async def _begin(self) -> None:
+        shell, spec = self._shell, self.spec
+        await shell.lock.acquire()
         try:
+            sup = await shell.ensure_supervisor()
             if self._stdin_fifo is not None:
-                opening = asyncio.ensure_future(
-                    asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
-                )
-                self._opening = opening
-            await sup.write(frame(line))
-            if self._stdin_fifo is not None:
-                await self._await_stdin(opening)
-            await self._done
-        except EOFError:
-            pass
-        finally:
-            backstop.cancel()
-            sup.sink = sup.on_eof = None
-        if self._exit_code is None:
-            # The supervisor died under the command (e.g. `kill -9 $$`) or the backstop replaced
-            # it; the command's process group may still be alive.
-            sup.close()
-            pgid = shell.current_pgid(self.nonce)
-            if pgid:
-                await shell.kill_group(pgid)
-            self._timed_out = self._timed_out or self._backstop_fired
-            self._done = loop.create_future()
-            self._finish(137)
+                _mkfifo(self._stdin_fifo)
+        except BaseException as exc:
+            shell.lock.release()
+            self._state = _FINISHED
+            if self._stdin_ready is not None:
+                self._stdin_ready.set()
+            if not isinstance(exc, Exception):
+                raise
+            self._items.append(exc)
+            return
+        self._sup = sup
+        loop = asyncio.get_running_loop()
+        sup.sink, sup.on_eof = self._on_data, self._on_eof
+        self._state = _RUNNING
+        self._started_at = time.monotonic()
+        self._backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop_fire)
+        if self._stdin_fifo is not None:
+            self._opening = asyncio.ensure_future(
+                asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
+            )
+            shell.spawn(self._await_stdin(self._opening))
+        sup.send(self._line)
 
     async def _await_stdin(self, opening: asyncio.Future[int]) -> None:
-        done, _ = await asyncio.wait({opening, self._done}, return_when=asyncio.FIRST_COMPLETED)
-        if opening in done:
-            self._stdin_fd = opening.result()
-        else:  # the command ended without opening its stdin
-            _unblock_fifo(self._stdin_fifo)  # type: ignore[arg-type]
-            with contextlib.suppress(BaseException):
-                os.close(await opening)
+        assert self._stdin_ready is not None
+        finished = asyncio.ensure_future(self.wait_finished())
+        try:
+            await asyncio.wait({opening, finished}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            finished.cancel()
+        if opening.done() and not opening.cancelled() and opening.exception() is None:
+            if self._state == _FINISHED:
+                os.close(opening.result())
+            else:
+                self._stdin_fd = opening.result()
         self._stdin_ready.set()
 
-    def _backstop(self, sup: Supervisor) -> None:
+    def _backstop_fire(self) -> None:
         """The in-container watchdog did not end the command: kill from outside, then reset."""
         self._backstop_fired = True
+        sup = self._sup
         log.warning("exec.backstop", container_id=self._shell.container_id[:12])
 
         async def escalate() -> None:
             await self._kill("KILL")
             await asyncio.sleep(RESYNC_S)
-            if not self._finished.is_set():
+            if self._state != _FINISHED and sup is not None:
                 await self._shell.kill_supervisor(sup)
                 self._on_eof()
 
