@@ -262,6 +262,7 @@ def _request(**changes) -> pb.JudgeStepRequest:
         ({"issue": "  \n "}, "ISSUE_MISSING"),
         ({"step": None}, "STEP_RESPONSE_MISSING"),
         ({"step": pb.CurrentStep(response="", action="ls")}, "STEP_RESPONSE_MISSING"),
+        ({"step": pb.CurrentStep(response=" \n\t", action="ls")}, "STEP_RESPONSE_MISSING"),
         ({"episode_id": ""}, "EPISODE_ID_MISSING"),
         ({"step_index": -1}, "STEP_INDEX_INVALID"),
         ({"m": -1}, "VOTES_OUT_OF_RANGE"),
