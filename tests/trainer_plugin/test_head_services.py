@@ -134,3 +134,23 @@ def test_default_specs_start_pool_and_prm_before_the_agent_and_wire_them():
     assert [s.name for s in specs] == ["pool", "prm", "agent"]
     assert specs[0].argv[:3] == ["swerl", "pool", "serve"] and "n1=10.0.0.2:5000" in specs[0].argv
     assert [s.port for s in specs] == [18090, 18092, 18091]
+
+
+def test_default_specs_bring_up_a_real_pool_and_agent_wired_together(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWERL_POOL_AUTH_TOKEN", "tok")
+    monkeypatch.setenv("SWERL_POOL_CAPABILITY_SECRET", "sec")
+    monkeypatch.setenv("SWERL_AGENT_AUTH_TOKEN", "tok")
+    monkeypatch.setenv("SWERL_POOL_DRAIN_GRACE_S", "1")
+    monkeypatch.setenv("SWERL_AGENT_DRAIN_GRACE_S", "1")
+    ports = {"pool": _free_port(), "agent": _free_port()}
+    specs = head_services.default_specs(
+        ["pool", "agent"], host="127.0.0.1", exec_nodes=[], state_dir=str(tmp_path), ports=ports
+    )
+    assert specs[1].env["SWERL_AGENT_POOL_ADDRESS"] == f"127.0.0.1:{ports['pool']}"
+    services = head_services.HeadServices(specs, log_dir=tmp_path / "logs")
+    try:
+        addresses = services.start(ready_timeout_s=60)
+        assert addresses == {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+    finally:
+        codes = services.stop(grace_s=20)
+    assert codes == {"agent": 0, "pool": 0}
