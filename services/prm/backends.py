@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,6 +24,8 @@ Messages = list[dict[str, str]]
 # Connecting is short; the per-vote limit covers the rest (the judge applies it).
 _CONNECT_TIMEOUT_S = 10.0
 _BODY_EXCERPT_CHARS = 300
+_MODEL_INFO_TIMEOUT_S = 5.0
+_MODEL_INFO_RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ class _HttpBackend:
 class _ModelNameCache:
     name: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # When to ask the server again after it could not say (monotonic seconds).
+    next_ask: float = 0.0
 
 
 class SglangBackend(_HttpBackend):
@@ -154,15 +159,28 @@ class SglangBackend(_HttpBackend):
         return text
 
     async def model_name(self) -> str:
-        """The judge's model path as its server reports it (asked once), or the configured name."""
-        async with self._model.lock:
-            if not self._model.name:
-                try:
-                    info = await self._request("GET", "/get_model_info")
-                except (JudgeConnectionError, JudgeBadResponse):
-                    return ""
-                self._model.name = str(info.get("model_path") or "")
-            return self._model.name
+        """The judge's model path as its server reports it, or the configured name.
+
+        Asked once; a server that cannot say is asked again a minute later at the earliest,
+        and never for longer than a few seconds, since every judgment waits for the answer.
+        """
+        cache = self._model
+        if cache.name or time.monotonic() < cache.next_ask:
+            return cache.name
+        async with cache.lock:
+            if cache.name or time.monotonic() < cache.next_ask:
+                return cache.name
+            try:
+                info = await asyncio.wait_for(
+                    self._request("GET", "/get_model_info"), _MODEL_INFO_TIMEOUT_S
+                )
+            except (JudgeConnectionError, JudgeBadResponse, asyncio.TimeoutError):
+                cache.next_ask = time.monotonic() + _MODEL_INFO_RETRY_S
+                return ""
+            cache.name = str(info.get("model_path") or "")
+            if not cache.name:
+                cache.next_ask = time.monotonic() + _MODEL_INFO_RETRY_S
+            return cache.name
 
 
 class OpenAIChatBackend(_HttpBackend):

@@ -96,6 +96,7 @@ class ScriptedJudge:
         rules: Sequence[Rule] = (),
         default: Sequence[Reply] = (),
         model_name: str = DEFAULT_MODEL_NAME,
+        model_info: Reply | None = None,
         host: str = "127.0.0.1",
     ) -> None:
         self.tokenizer: Any = None
@@ -106,6 +107,9 @@ class ScriptedJudge:
         self.rules = list(rules)
         self.default = Rule("", list(default) or [verdict(1)])
         self.model_name = model_name
+        # How /get_model_info answers: None = the model name; a Reply can hang or fail it.
+        self.model_info = model_info
+        self.model_info_requests = 0
         self.host = host
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
@@ -241,6 +245,12 @@ class ScriptedJudge:
         )
 
     async def _model_info(self, request: web.Request) -> web.StreamResponse:
+        self.model_info_requests += 1
+        reply = self.model_info
+        if reply is not None and reply.hang:
+            await self._release.wait()
+        if reply is not None and reply.status != 200:
+            return web.json_response({"error": {"message": "scripted error"}}, status=reply.status)
         return web.json_response(
             {"model_path": self.model_name, "tokenizer_path": None, "is_generation": True}
         )

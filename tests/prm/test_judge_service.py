@@ -371,3 +371,32 @@ async def test_an_openai_style_answer_without_choices_fails_the_vote(scripted, p
 
     assert response.state == pb.JUDGE_STATE_FAILED
     assert "no choices[0].message" in response.error_message
+
+
+async def test_a_judge_server_that_cannot_name_its_model_does_not_hold_up_judgments(
+    scripted, prm, monkeypatch
+):
+    import swerl.prm.backends
+
+    monkeypatch.setattr(swerl.prm.backends, "_MODEL_INFO_TIMEOUT_S", 0.3)
+    judge = await scripted(model_info=HANG)
+    running = await prm(judge.url)
+
+    first = await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+    started = time.monotonic()
+    second = await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+
+    assert (first.state, second.state) == (pb.JUDGE_STATE_SCORED, pb.JUDGE_STATE_SCORED)
+    assert first.judge_model == second.judge_model == ""
+    assert judge.model_info_requests == 1  # not asked again right away
+    assert time.monotonic() - started < 0.3
+
+
+async def test_the_configured_judge_model_name_is_reported_without_asking(scripted, prm):
+    judge = await scripted()
+    running = await prm(judge.url, judge_model="qwen3-judge-8b")
+
+    response = await running.stub.JudgeStep(judge_request(make_step(), votes=1), timeout=30)
+
+    assert response.judge_model == "qwen3-judge-8b"
+    assert judge.model_info_requests == 0
