@@ -83,6 +83,10 @@ class _HttpBackend:
                 status = response.status
         except aiohttp.ClientConnectionError as exc:
             raise JudgeConnectionError(f"judge server {url} unreachable: {exc!r}") from exc
+        except (aiohttp.ClientError, ValueError) as exc:  # A broken answer: not worth a retry.
+            raise JudgeBadResponse(
+                f"judge server {url} sent an unreadable answer: {exc!r}"
+            ) from exc
         if status != 200:
             raise JudgeBadResponse(
                 f"judge server {url} answered HTTP {status}: {text[:_BODY_EXCERPT_CHARS]}"

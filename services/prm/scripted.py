@@ -43,7 +43,7 @@ class Reply:
     drop: bool = False
     hang: bool = False
     delay_s: float = 0.0
-    raw_body: str | None = None
+    raw_body: str | bytes | None = None
 
 
 def verdict(value: int, reasoning: str = "The step looks at the right code.", **kw: Any) -> Reply:
@@ -190,7 +190,7 @@ class ScriptedJudge:
         if reply is None:
             return web.Response(status=500)  # The connection is gone; nobody reads this.
         if reply.raw_body is not None:
-            return web.Response(text=reply.raw_body, status=reply.status)
+            return _raw(reply)
         if reply.status != 200:
             return web.json_response({"error": {"message": "scripted error"}}, status=reply.status)
         output_ids = (
@@ -226,7 +226,7 @@ class ScriptedJudge:
         if reply is None:
             return web.Response(status=500)
         if reply.raw_body is not None:
-            return web.Response(text=reply.raw_body, status=reply.status)
+            return _raw(reply)
         if reply.status != 200:
             return web.json_response({"error": {"message": "scripted error"}}, status=reply.status)
         return web.json_response(
@@ -257,3 +257,9 @@ class ScriptedJudge:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
+
+
+def _raw(reply: Reply) -> web.Response:
+    body = reply.raw_body
+    data = body.encode() if isinstance(body, str) else (body or b"")
+    return web.Response(body=data, status=reply.status, content_type="application/json")

@@ -348,6 +348,7 @@ async def test_votes_and_judgments_are_counted_in_the_metrics(scripted, prm):
         ("this is not json", "invalid JSON"),
         ("[1, 2]", "not object"),
         ('{"meta_info": {}}', "has no text"),
+        (b'{"text": "\xff\xfe"}', "unreadable answer"),
     ],
 )
 async def test_an_unreadable_answer_from_the_judge_fails_the_vote_without_a_retry(
