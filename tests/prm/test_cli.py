@@ -94,3 +94,43 @@ def test_settings_come_from_swerl_prm_env_vars(monkeypatch, tmp_path):
     assert settings.port == 18092
     assert settings.max_concurrent_requests == 7
     assert settings.chat_template_kwargs == {"enable_thinking": False}
+
+
+async def test_swerl_prm_scripted_judge_answers_generate_with_its_replies_in_order(
+    judge_tokenizer_dir, unused_tcp_port
+):
+    import aiohttp
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "prm",
+        "scripted-judge",
+        "--port",
+        str(unused_tcp_port),
+        "--tokenizer-path",
+        str(judge_tokenizer_dir),
+        "--reply",
+        "first\\n\\boxed{-1}",
+        "then \\boxed{+1}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        line = b""
+        while b"serving /generate" not in line:
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            assert line, "swerl prm scripted-judge exited before serving"
+        url = f"http://127.0.0.1:{unused_tcp_port}/generate"
+        texts = []
+        async with aiohttp.ClientSession() as session:
+            for seed in range(3):
+                body = {"input_ids": [72, 105], "sampling_params": {"sampling_seed": seed}}
+                async with session.post(url, json=body) as response:
+                    texts.append((await response.json())["text"])
+    finally:
+        process.send_signal(signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 30)
+
+    assert texts == ["first\n\\boxed{-1}", "then \\boxed{+1}", "then \\boxed{+1}"]
