@@ -207,11 +207,11 @@ async def _attempt(
     finally:
         directory.leave(address)
     if reader is not None and reader.done() and not reader.cancelled():
-        err = reader.exception()
-        if isinstance(err, grpc.aio.AioRpcError):
-            _record_rpc_error(outcome, err)
-        elif err is not None:
-            _failed(outcome, "CLIENT_ERROR", repr(err))
+        failure = reader.exception()
+        if isinstance(failure, grpc.aio.AioRpcError):
+            _record_rpc_error(outcome, failure)
+        elif failure is not None:
+            _failed(outcome, "CLIENT_ERROR", repr(failure))
     if outcome.result is None and not outcome.failure_reason:
         _failed(outcome, STREAM_ENDED_WITHOUT_RESULT, "the agent ended the call without a result")
     nothing_arrived = outcome.started is None and not outcome.turns and outcome.result is None
