@@ -17,10 +17,18 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
 
     async def main() -> None:
-        server = AgentServer(settings)
-        port = await server.start()
-        print(f"swerl agent serving on {settings.host}:{port}", flush=True)
-        await server.serve_until_signal()
+        from swerl.prm.agent_judge import PrmJudgeFactory
+
+        # PRM-enabled episodes judge their turns through PrmService (the deployment's token).
+        token = settings.auth_token.get_secret_value() if settings.auth_token else None
+        judges = PrmJudgeFactory(token=token, default_endpoint=settings.prm_endpoint)
+        server = AgentServer(settings, judge_factory=judges)
+        try:
+            port = await server.start()
+            print(f"swerl agent serving on {settings.host}:{port}", flush=True)
+            await server.serve_until_signal()
+        finally:
+            await judges.close()
 
     asyncio.run(main())
     return 0
