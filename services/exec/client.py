@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -85,18 +86,21 @@ class SandboxClient:
     def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = 60.0) -> None:
         self.stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
         self.timeout_s = timeout_s
+        self._streams: dict[str, CommandStream] = {}
 
     async def run(
         self, sandbox_id: str, command: str, *, deadline_s: float | None = None, **kwargs
     ) -> ExecResult:
-        """Runs one command and gathers its output. The RPC deadline is the command timeout
-        plus a margin unless given."""
-        timeout = kwargs.get("timeout_s") or 180.0
-        call = self.stub.Exec(
-            iter([exec_start(sandbox_id, command, **kwargs)]),
-            timeout=deadline_s if deadline_s is not None else timeout + 30.0,
-        )
-        return await collect(call)
+        """Runs one command and gathers its output (the arguments of `exec_start`).
+
+        Commands on one sandbox go over one ExecCommands call, kept open between them (see
+        `CommandStream`); a failed command raises the node's `grpc.aio.AioRpcError` as an Exec
+        call would. The wait is bounded by the command timeout plus a margin unless given
+        (DEADLINE_EXCEEDED, and the command is killed)."""
+        stream = self._streams.get(sandbox_id)
+        if stream is None:
+            stream = self._streams[sandbox_id] = CommandStream(self.stub, sandbox_id)
+        return await stream.run(command, deadline_s=deadline_s, **kwargs)
 
     def commands(
         self,
@@ -105,17 +109,33 @@ class SandboxClient:
         deadline_s: float = 3600.0,
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> CommandStream:
-        """A `CommandStream` on one sandbox: many commands over one call."""
+        """A `CommandStream` of its own on one sandbox: many commands over one call."""
         return CommandStream(self.stub, sandbox_id, deadline_s=deadline_s, metadata=metadata)
+
+    async def aclose(self) -> None:
+        """Ends the calls `run` keeps open (closing the channel ends them too)."""
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            await stream.aclose()
+
+
+# A command's result is awaited for its timeout plus this margin before the client gives up.
+COMMAND_DEADLINE_MARGIN_S = 30.0
+# A call is not reused past this age: per-call metadata (a lease's capability token, renewed
+# while the lease lives) is read when a call opens, so a fresh call picks up the current one.
+# An idle call is half-closed after it, so a client leaves nothing open on a node it stopped
+# using.
+MAX_CALL_AGE_S = 60.0
 
 
 class CommandStream:
     """Runs commands on one sandbox, one after another, over one ExecCommands call.
 
-    This is how a client that runs a series of commands (an agent's episode) should talk to
-    the node: each command costs a message each way instead of a whole call, which on a small
-    node is most of the cost of a short command. The call is opened on the first command and
-    opened again after it ended (an error, or its deadline between commands).
+    This is how a client that runs a series of commands (an agent's episode) talks to the node:
+    each command costs a message each way instead of a whole call, which on a small node is
+    most of the cost of a short command. The call is opened on the first command and opened
+    again when it ended (an error), is older than MAX_CALL_AGE_S, or could not outlive the next
+    command's deadline. Concurrent `run`s take turns, in arrival order.
 
         async with client.commands(sandbox_id) as shell:
             result = await shell.run("pytest -x", timeout_s=600)
@@ -134,6 +154,11 @@ class CommandStream:
         self._deadline_s = deadline_s
         self._metadata = metadata
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._opened_at = 0.0
+        self._call_ends_at = 0.0
+        self._turn = asyncio.Lock()
+        self._idle: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> CommandStream:
         return self
@@ -141,39 +166,103 @@ class CommandStream:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def run(self, command: str, **kwargs) -> ExecResult:
+    async def run(self, command: str, *, deadline_s: float | None = None, **kwargs) -> ExecResult:
         """Runs one command and gathers its output (the arguments of `exec_start`). A failed
-        command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call."""
+        command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call. The
+        wait is bounded by `deadline_s` (default: the command timeout plus a margin)."""
         start = exec_start(self.sandbox_id, command, **kwargs).start
-        call = self._call
-        if call is None or call.done():
-            call = self._call = self._stub.ExecCommands(
-                metadata=self._metadata, timeout=self._deadline_s
-            )
+        if deadline_s is None:
+            deadline_s = (kwargs.get("timeout_s") or 180.0) + COMMAND_DEADLINE_MARGIN_S
+        loop = asyncio.get_running_loop()
+        async with self._turn:
+            if self._idle is not None:
+                self._idle.cancel()
+            now = loop.time()
+            call = self._call
+            if (
+                call is None
+                or call.done()
+                or now - self._opened_at > MAX_CALL_AGE_S
+                or now + deadline_s > self._call_ends_at
+            ):
+                self._retire(call)
+                call_timeout = max(self._deadline_s, deadline_s + MAX_CALL_AGE_S)
+                call = self._call = self._stub.ExecCommands(
+                    metadata=self._metadata, timeout=call_timeout
+                )
+                self._opened_at, self._call_ends_at = now, now + call_timeout
+            expired = False
+
+            def expire() -> None:
+                nonlocal expired
+                expired = True
+                call.cancel()  # kills the command on the node and ends the read below
+
+            timer = loop.call_later(deadline_s, expire)
+            try:
+                return await self._exchange(call, start)
+            except BaseException as exc:
+                # The call's state is unknown (an error ended it, or we stopped reading
+                # half-way): never reuse it.
+                self._call = None
+                call.cancel()
+                if expired and isinstance(exc, asyncio.CancelledError):
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        grpc.aio.Metadata(),
+                        grpc.aio.Metadata(),
+                        f"no exit within {deadline_s:g} s",
+                    ) from None
+                raise
+            finally:
+                timer.cancel()
+                if self._call is not None:
+                    self._idle = loop.call_later(MAX_CALL_AGE_S, self._close_idle)
+
+    @staticmethod
+    async def _exchange(call: grpc.aio.StreamStreamCall, start: pb.ExecStart) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
-        try:
-            await call.write(pb.ExecCommandsRequest(start=start))
-            while True:
-                message = await call.read()
-                if message is grpc.aio.EOF:
-                    raise RuntimeError("ExecCommands call ended without an exit message")
-                kind = message.WhichOneof("kind")
-                if kind == "output":
-                    out[message.output.stream] += message.output.data
-                elif kind == "exit":
-                    return _result(message.exit, out)
-        except BaseException:
-            # The call's state is unknown (an error ended it, or we stopped reading half-way):
-            # never reuse it.
-            self._call = None
-            call.cancel()
-            raise
+        await call.write(pb.ExecCommandsRequest(start=start))
+        while True:
+            message = await call.read()
+            if message is grpc.aio.EOF:
+                raise RuntimeError("ExecCommands call ended without an exit message")
+            kind = message.WhichOneof("kind")
+            if kind == "output":
+                out[message.output.stream] += message.output.data
+            elif kind == "exit":
+                return _result(message.exit, out)
+
+    def _retire(self, call: grpc.aio.StreamStreamCall | None) -> None:
+        """Half-closes an idle call in the background (the node then ends it)."""
+        self._call = None
+        if call is None or call.done():
+            return
+        task = asyncio.get_running_loop().create_task(_half_close(call))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    def _close_idle(self) -> None:
+        self._idle = None
+        if not self._turn.locked():
+            self._retire(self._call)
 
     async def aclose(self) -> None:
-        """Half-closes the call and waits for it to end (the node ends it once idle)."""
+        """Half-closes the call and waits for it to end."""
+        if self._idle is not None:
+            self._idle.cancel()
         call, self._call = self._call, None
-        if call is not None and not call.done():
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                await call.done_writing()
-                async for _ in call:
-                    pass
+        if call is not None:
+            await _half_close(call)
+        for task in list(self._closing):
+            with contextlib.suppress(BaseException):
+                await task
+
+
+async def _half_close(call: grpc.aio.StreamStreamCall) -> None:
+    if call.done():
+        return
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        await call.done_writing()
+        while await call.read() is not grpc.aio.EOF:
+            pass
