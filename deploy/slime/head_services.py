@@ -180,8 +180,12 @@ def default_specs(
 def start_actor(specs: Sequence[ServiceSpec], log_dir: str, ready_timeout_s: float = 120.0):
     """Starts a `HeadServices` Ray actor on this (the head) node, owned by the calling driver."""
     import ray
+    from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    if __name__ != "__main__":
+        # Imported from a file path that Ray's workers cannot import: ship the code itself.
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
     actor_cls = ray.remote(num_cpus=0, max_restarts=0)(HeadServices)
     here = ray.get_runtime_context().get_node_id()
     actor = actor_cls.options(

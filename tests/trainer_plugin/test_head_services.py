@@ -6,13 +6,16 @@ owner logic only needs a process that serves grpc.health.v1 and drains on SIGTER
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -154,3 +157,74 @@ def test_default_specs_bring_up_a_real_pool_and_agent_wired_together(tmp_path, m
     finally:
         codes = services.stop(grace_s=20)
     assert codes == {"agent": 0, "pool": 0}
+
+
+# The Ray-actor way under real Ray. Ray is not a swerl dependency (slime's image brings it), so
+# this runs where `ray` imports, optionally from SWERL_RAY_SITE (a `pip install --target` dir).
+RAY_DRIVER = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import head_services as hs
+import ray
+argv, port, logs, tmp = json.loads(sys.argv[2])
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
+actor, addresses = hs.start_actor([hs.ServiceSpec(name="exec", argv=argv, port=port)], logs, 60)
+print(json.dumps(ray.get(actor.pids.remote())), flush=True)
+if sys.argv[3] == "stop":
+    print(json.dumps(ray.get(actor.stop.remote(20))), flush=True)
+    ray.shutdown()
+else:
+    import time
+    time.sleep(600)
+"""
+
+
+def _json_line(proc: subprocess.Popen[str]) -> dict:
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError(f"the driver ended ({proc.wait()}) without reporting")
+
+
+def _ray_env() -> dict[str, str] | None:
+    env = dict(os.environ)
+    site = os.environ.get("SWERL_RAY_SITE", "")
+    if site:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+    probe = subprocess.run([sys.executable, "-c", "import ray"], env=env, capture_output=True)
+    return env if probe.returncode == 0 else None
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("ending", ["stop", "driver-killed"])
+def test_ray_actor_owned_by_the_job_driver_takes_the_services_along(base_image, tmp_path, ending):
+    env = _ray_env()
+    if env is None:
+        pytest.skip("ray is not importable (set SWERL_RAY_SITE to a dir holding it)")
+    spec = exec_node_spec(tmp_path)
+    # Ray's socket paths must stay short (AF_UNIX), so not under pytest's long tmp_path.
+    ray_tmp = tempfile.mkdtemp(prefix="swerl-ray-", dir="/tmp")
+    config = [spec.argv, spec.port, str(tmp_path / "logs"), ray_tmp]
+    driver = subprocess.Popen(
+        [sys.executable, "-c", RAY_DRIVER, str(ROOT / "deploy/slime"), json.dumps(config), ending],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        service_pid = _json_line(driver)["exec"]
+        assert not _gone(service_pid, 0.5)
+        if ending == "stop":
+            assert _json_line(driver) == {"exec": 0}
+            driver.wait(60)
+        else:
+            driver.kill()  # the job's driver dies: Ray kills the actor it owns
+            driver.wait()
+        assert _gone(service_pid, 30.0), "the service outlived the job"
+    finally:
+        # Ray's own helper processes of this local cluster share the driver's session.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
