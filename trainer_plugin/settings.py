@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONFIG_KEY_PREFIX = "swerl_"
 
@@ -28,8 +28,9 @@ class PluginSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SWERL_PLUGIN_", extra="ignore")
 
-    # NoDecode: the env var is a plain comma-separated list, not JSON.
-    agent_addresses: Annotated[list[str], NoDecode] = Field(
+    # `| str`: the env var is a plain comma-separated list, which pydantic-settings (every
+    # version since 2.2) then hands to the validator as is instead of failing to parse JSON.
+    agent_addresses: list[str] | str = Field(
         default_factory=lambda: ["127.0.0.1:18091"],
         description="AgentService addresses (host:port), comma-separated; episodes are spread "
         "over them, each to the one with the fewest episodes in flight from this process.",
