@@ -504,9 +504,10 @@ class SandboxShell:
     def current_pgid(self, nonce: str) -> int:
         """The process group of the command with this nonce, once it has been forked."""
         with contextlib.suppress(OSError, ValueError):
-            seen, pgid = (self.io_dir / "pgid").read_text().split()
-            if seen == nonce:
-                return int(pgid)
+            # "<nonce> <pgid> <deadline_us> ." (see supervisor.sh)
+            fields = (self.io_dir / "pgid").read_text().split()
+            if len(fields) == 4 and fields[0] == nonce and fields[3] == ".":
+                return int(fields[1])
         return 0
 
     async def kill_group(self, pgid: int, signal: str = "KILL") -> None:

@@ -20,8 +20,7 @@
 #   - The node frames each command as 8 decimal digits of length, then that many ASCII bytes,
 #     read with `read -N`: one read(2) each, where a plain `read` on a pipe takes a system call
 #     per byte.
-#   - The watchdog hears once per command (arm); a command that ended needs no disarm, because
-#     the next arm replaces it and an overrun only kills a process group that still exists.
+#   - The watchdog is not told anything (it reads the line each command writes for the node).
 #
 # Framing: NUL-delimited markers on stdout carrying a per-supervisor token chosen by the node
 # (commands never see it; they run strictly one after another):
@@ -29,41 +28,47 @@
 #   \0SWERL:<token>:T\0          the in-container timeout fired and killed the process group
 #   \0SWERL:<token>:E:<rc>\0     the command finished and every survivor of its group is dead
 # stderr carries no markers: when E arrives, everything the command wrote to stderr is already
-# in the stderr FIFO, so the node drains it. "<nonce> <pgid>" of the running command is written
-# to $__swerl_io/pgid for signals. Everything else is the command's own output, byte for byte.
+# in the stderr FIFO, so the node drains it. "<nonce> <pgid> <deadline_us> ." of the running
+# command is written to $__swerl_io/pgid for signals and the watchdog. Everything else is the command's own output, byte for byte.
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
-# __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog and the workers'
-# turns to read) and __swerl_token.
+# __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog's sleep and the
+# workers' turns to read) and __swerl_token.
 
 set +o history +o errexit +o nounset +o pipefail 2>/dev/null
 __swerl_dir=/tmp/.swerl
 command mkdir -p "$__swerl_dir" 2>/dev/null
 __swerl_session="$__swerl_dir/session.sh"
 
-# The watchdog reads one 24-byte message per command, "PGID(%010d) SECONDS(%012.3f)\n", written
-# by the worker as it starts the command: it arms the watchdog for that command and replaces the
-# previous one, which has ended by then. If no message comes within the armed command's
-# seconds and its process group still exists, the command overran: the watchdog leaves the pgid
-# in the timeout file for the supervisor, then kills the whole group. It holds none of the
-# supervisor's output FIFOs (so a dead supervisor's output ends at once); idle, it checks every
-# 5 s that the supervisor lives and exits when it is gone.
+# The watchdog is told nothing: each command's worker writes "<nonce> <pgid> <deadline_us> ."
+# to $__swerl_io/pgid as it starts (the node reads the same line for signals), and the watchdog
+# looks at it at least once a second, then sleeps until the deadline it found or for a second,
+# whichever is sooner. So a command pays no wake-up of the watchdog; a timeout of a second or
+# more fires on time, a shorter one within a second. Past its deadline, a command whose process
+# group still exists overran: the watchdog leaves the pgid in the timeout file for the
+# supervisor, then kills the whole group. It sleeps in a read on a FIFO nobody writes to, holds
+# none of the supervisor's output FIFOs (so a dead supervisor's output ends at once), and exits
+# when the supervisor is gone.
 __swerl_watchdog() {
-  local m pgid=0 t=5 boss=$$
+  local n pgid dl end now left handled= boss=$$
   exec 8<>"$__swerl_ctl" </dev/null >/dev/null 2>&1
-  while :; do
-    if IFS= read -r -N 24 -t "$t" m <&8; then
-      pgid=$((10#${m:0:10}))
-      t=${m:11:12}
-      t=$((10#${t%.*})).${t#*.}
-      continue
+  while kill -0 "$boss" 2>/dev/null; do
+    left=1000000
+    # The trailing "." tells a whole line from one caught half-written.
+    if read -r n pgid dl end <"$__swerl_io/pgid" && [ "$end" = . ] && [ "$n" != "$handled" ]; then
+      now=${EPOCHREALTIME/./}
+      if ((now >= dl)); then
+        if kill -0 -- "-$pgid" 2>/dev/null; then
+          printf '%d\n' "$pgid" >"$__swerl_io/timeout"
+          kill -KILL -- "-$pgid" 2>/dev/null
+        fi
+        handled=$n
+      elif ((dl - now < left)); then
+        left=$((dl - now))
+      fi
     fi
-    if [ "$pgid" != 0 ] && kill -0 -- "-$pgid" 2>/dev/null; then
-      printf '%d\n' "$pgid" >"$__swerl_io/timeout"
-      kill -KILL -- "-$pgid" 2>/dev/null
-    fi
-    pgid=0 t=5
-    kill -0 "$boss" 2>/dev/null || exit 0
+    if ((left >= 1000000)); then left=1; else printf -v left '0.%06d' "$left"; fi
+    read -r -t "$left" -u 8 n
   done
 }
 
@@ -93,9 +98,10 @@ __swerl_save_session() {
 # each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's process group.
 __swerl_command() {
   local __n=$1 __t=$2 __m=$3 __no=$4 __cwd=$5 __in=${6:-/dev/null} __envs=$7 __cmd=$8
-  printf '%010d %s\n' "$BASHPID" "$__t" >&9
-  printf '%s %d\n' "$__n" "$BASHPID" >"$__swerl_io/pgid"
-  exec 9>&- <"$__in"
+  local __now=${EPOCHREALTIME/./}
+  printf '%s %d %d .\n' "$__n" "$BASHPID" \
+    $((__now + 10#${__t%.*} * 1000000 + 10#${__t#*.} * 1000)) >"$__swerl_io/pgid"
+  exec <"$__in"
   [ "$__no" = 1 ] && printf '\0SWERL:%s:S:%d\0' "$__swerl_token" "$BASHPID"
   set +m
   trap - INT TERM QUIT HUP
@@ -158,5 +164,5 @@ __swerl_start() {
 
 set -m
 __swerl_watchdog &
-exec 9>"$__swerl_ctl" 6<>"$__swerl_baton0" 7<>"$__swerl_baton1"
+exec 6<>"$__swerl_baton0" 7<>"$__swerl_baton1"
 printf x >&6
