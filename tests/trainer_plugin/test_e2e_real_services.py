@@ -20,7 +20,12 @@ import pytest
 from agent_playback import eventually
 from conftest import SAMPLING_PARAMS, make_args
 
-from swerl.agent.replay import ReplayPolicyServer, replay_logprob, scripts_for_tasks
+from swerl.agent.replay import (
+    ReplayPolicyServer,
+    replay_logprob,
+    script_key,
+    scripts_for_tasks,
+)
 from swerl.agent.server import local_agent
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.pool.server import local_stack
@@ -135,12 +140,15 @@ async def sandboxes_running(node_ids: list[str], count: int, within_s: float = 9
         await asyncio.sleep(0.2)
 
 
-def policy_runs(sample) -> list[list[float]]:
-    """The logprobs of each maximal run of loss-mask-1 tokens (one run per policy turn)."""
+def policy_runs(sample) -> list[list[tuple[int, float]]]:
+    """(token, logprob) of each maximal run of loss-mask-1 tokens: one run per policy turn."""
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
     runs, current = [], []
-    for mask, logprob in zip(sample.loss_mask, sample.rollout_log_probs, strict=True):
+    for token, mask, logprob in zip(
+        response, sample.loss_mask, sample.rollout_log_probs, strict=True
+    ):
         if mask:
-            current.append(logprob)
+            current.append((token, logprob))
         elif current:
             runs.append(current)
             current = []
@@ -156,6 +164,14 @@ async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
     async with real_services(dynamic_history=per_turn) as env:
         groups = await generate_groups(env.args, rollout_batch(slime, env.tasks))
         await no_sandbox_left(env.node_ids)
+        scripts = scripts_for_tasks(env.tasks)
+        script_tokens = [  # what the replay policy samples, turn by turn, per prompt group
+            [
+                [*env.replay.tokenizer.encode(turn, add_special_tokens=False), IM_END]
+                for turn in scripts[script_key(task.instance["problem_statement"])]
+            ]
+            for task in env.tasks
+        ]
 
     for group in groups:
         for out in group:
@@ -168,9 +184,14 @@ async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
                 assert sample.weight_versions and set(sample.weight_versions) == {"replay-1"}
                 runs = policy_runs(sample)
                 assert len(runs) == (1 if per_turn else 4)
-                for run in runs:  # exactly what the policy returned, token for token
+                turns = script_tokens[sample.group_index]
+                if per_turn:
+                    turns = turns[sample.metadata["turn_index"] :][:1]
+                for run, sampled in zip(runs, turns, strict=True):
+                    # Exactly what the policy returned, token for token, with its logprobs.
+                    assert [token for token, _ in run] == sampled
                     expected = [replay_logprob(i) for i in range(len(run))]
-                    assert run == pytest.approx(expected, abs=1e-6)
+                    assert [lp for _, lp in run] == pytest.approx(expected, abs=1e-6)
                 if per_turn:
                     assert sample.tokens[-1] == IM_END, "a turn ends with the policy's <|im_end|>"
             if per_turn:
@@ -205,6 +226,7 @@ async def test_abort_flag_mid_episode_returns_every_call_within_two_seconds(slim
         state.aborted = True
         outs = await asyncio.wait_for(asyncio.gather(*calls), 10.0)
         took = time.monotonic() - began
+        print(f"abort: {len(calls)} generate calls returned {took:.2f}s after the flag")
         assert took < 2.0, f"calls returned {took:.2f}s after the abort flag"
         await no_sandbox_left(env.node_ids)
     for out in outs:
