@@ -232,6 +232,10 @@ class CommandStream:
                 out[message.output.stream] += message.output.data
             elif kind == "exit":
                 return _result(message.exit, out)
+            elif kind == "end":
+                for chunk in message.end.output:
+                    out[chunk.stream] += chunk.data
+                return _result(message.end.exit, out)
 
     def _retire(self, call: grpc.aio.StreamStreamCall | None) -> None:
         """Half-closes an idle call in the background (the node then ends it)."""

@@ -185,13 +185,22 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     return
                 if isinstance(item, Exception):
                     raise item
+                # Output already followed by the exit (the run has finished) goes out with the
+                # exit in one `end` message: one write instead of two for a short command.
+                last: list[pb.ExecOutput] = []
                 async for event in item.events():
                     if isinstance(event, Output):
-                        yield pb.ExecCommandsResponse(
-                            output=pb.ExecOutput(stream=event.stream, data=event.data)
-                        )
+                        chunk = pb.ExecOutput(stream=event.stream, data=event.data)
+                        if item.finished:
+                            last.append(chunk)
+                        else:
+                            yield pb.ExecCommandsResponse(output=chunk)
                     elif isinstance(event, Exit):
-                        yield pb.ExecCommandsResponse(exit=_exit_pb(event))
+                        if last:
+                            end = pb.ExecCommandEnd(output=last, exit=_exit_pb(event))
+                            yield pb.ExecCommandsResponse(end=end)
+                        else:
+                            yield pb.ExecCommandsResponse(exit=_exit_pb(event))
                     else:
                         yield pb.ExecCommandsResponse(started=pb.ExecStarted(pgid=event.pgid))
         finally:

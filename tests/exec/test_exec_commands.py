@@ -31,6 +31,10 @@ async def _read_command(call) -> tuple[bytes, bytes, pb.ExecExit]:
             out[message.output.stream] += message.output.data
         elif kind == "exit":
             return bytes(out[1]), bytes(out[2]), message.exit
+        elif kind == "end":  # the last chunks and the exit in one message
+            for chunk in message.end.output:
+                out[chunk.stream] += chunk.data
+            return bytes(out[1]), bytes(out[2]), message.end.exit
 
 
 async def test_commands_on_one_call_each_get_their_output_and_exit(node, sandbox):
@@ -41,6 +45,19 @@ async def test_commands_on_one_call_each_get_their_output_and_exit(node, sandbox
     assert (first.stdout, first.stderr, first.exit_code) == (b"one\n", b"err\n", 3)
     assert (second.stdout, second.exit_code) == (b"two\n", 0)
     assert binary.stdout == b"\x00\xff"
+
+
+async def test_a_short_command_ends_with_its_output_and_exit_in_order(node, sandbox):
+    # Whether the last chunks come as `output` messages or inside `end`, nothing is lost or
+    # reordered, stderr included.
+    call = node.stub.ExecCommands(timeout=RPC_TIMEOUT_S)
+    for index in range(20):
+        await call.write(_start(sandbox.sandbox_id, f"echo {index}; echo e{index} >&2; exit 4"))
+        stdout, stderr, exit_ = await _read_command(call)
+        assert (stdout, stderr) == (f"{index}\n".encode(), f"e{index}\n".encode())
+        assert exit_.exit_code == 4
+    await call.done_writing()
+    assert await call.code() == grpc.StatusCode.OK
 
 
 async def test_commands_on_one_call_keep_isolated_and_session_modes(node, sandbox):
