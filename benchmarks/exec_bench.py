@@ -260,9 +260,7 @@ async def stream_echo(stream: CommandStream) -> None:
     check_echo(result.stdout, result.exit_code)
 
 
-async def measure_grpc_stream(
-    node: Node, sandbox_id: str, warmup: int, iterations: int
-) -> Samples:
+async def measure_grpc_stream(node: Node, sandbox_id: str, warmup: int, iterations: int) -> Samples:
     samples = Samples()
     async with grpc.aio.insecure_channel(node.address) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
@@ -488,9 +486,7 @@ def throughput_in_process(
 ) -> ThroughputRun:
     window = CpuWindow(node.process.pid)
     commands, errors = asyncio.run(
-        run_sessions(
-            node.address, node.metadata, sandbox_ids, duration_s, window, stream=stream
-        )
+        run_sessions(node.address, node.metadata, sandbox_ids, duration_s, window, stream=stream)
     )
     return ThroughputRun(
         way=_way(stream),
