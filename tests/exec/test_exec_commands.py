@@ -4,10 +4,12 @@ back-to-back stress that guards against a lost exit (a hang) in the in-container
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 from exec_testkit import RPC_TIMEOUT_S, assert_status, rpc_error
 
+from swerl.chassis import capability
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
 
@@ -160,3 +162,29 @@ async def test_thousands_of_back_to_back_commands_never_lose_an_exit(node, sandb
     for index in range(STRESS_COMMANDS // 4):
         result = await asyncio.wait_for(node.client.run(sid, f"echo {index}"), timeout=30)
         assert result.stdout == f"{index}\n".encode()
+
+
+async def test_commands_need_the_lease_token_when_the_node_checks_them(node_factory, base_image):
+    secret = "capability-secret"
+    node = await node_factory(capability_secret=secret)
+    sandbox = await node.create(base_image, workdir="/tmp")
+    call = node.stub.ExecCommands(timeout=RPC_TIMEOUT_S)
+    await call.write(_start(sandbox.sandbox_id, "echo hi"))
+    assert_status(
+        await rpc_error(call.read()), grpc.StatusCode.UNAUTHENTICATED, "LEASE_TOKEN_MISSING"
+    )
+
+    token = capability.mint(
+        secret.encode(), lease_id="", sandbox_id=sandbox.sandbox_id, expire_time=time.time() + 60
+    )
+    metadata = ((capability.LEASE_TOKEN_METADATA_KEY, token),)
+    async with node.client.commands(sandbox.sandbox_id, metadata=metadata) as shell:
+        assert (await shell.run("echo hi")).stdout == b"hi\n"
+    other = capability.mint(
+        secret.encode(), lease_id="", sandbox_id="sbx-other", expire_time=time.time() + 60
+    )
+    async with node.client.commands(
+        sandbox.sandbox_id, metadata=((capability.LEASE_TOKEN_METADATA_KEY, other),)
+    ) as shell:
+        err = await rpc_error(shell.run("echo hi"))
+    assert_status(err, grpc.StatusCode.PERMISSION_DENIED, "LEASE_TOKEN_FOREIGN")
