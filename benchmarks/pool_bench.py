@@ -295,7 +295,7 @@ def serve_simulated(args: argparse.Namespace) -> None:
     from swerl.pool.settings import PoolSettings
     from swerl.pool.simulated import SimulatedNode
 
-    configure_logging("console", "warning")
+    configure_logging("console", os.environ.get("SWERL_BENCH_POOL_LOG_LEVEL", "warning"))
     nodes = {
         f"sim-{i}:1": SimulatedNode(f"sim-{i}", capacity=SIM_NODE_CAPACITY, images=[SIM_IMAGE])
         for i in range(args.serve_simulated)
@@ -308,7 +308,6 @@ def serve_simulated(args: argparse.Namespace) -> None:
             auth_token=os.environ["SWERL_POOL_AUTH_TOKEN"],
             capability_secret=secrets.token_hex(32),
             state_dir=Path(args.state_dir),
-            log_level="warning",
             default_ttl_s=30.0,
         )
         server = PoolServer(settings, connect=nodes.__getitem__)
@@ -368,16 +367,28 @@ async def scale_load(address: str, token: str, args: argparse.Namespace, pool_pi
     ramp: list[float] = []
     semaphore = asyncio.Semaphore(args.concurrency)
 
+    retried = [0]
+
     async def acquire_one(i: int, into: list[float]) -> str:
+        request = pb.AcquireLeaseRequest(
+            request_id=f"scale-{i}", image=SIM_IMAGE, wait_timeout=duration_pb(30)
+        )
         async with semaphore:
             started = time.perf_counter()
-            response = await stubs[i % len(stubs)].AcquireLease(
-                pb.AcquireLeaseRequest(
-                    request_id=f"scale-{i}", image=SIM_IMAGE, wait_timeout=duration_pb(30)
-                ),
-                timeout=60,
-                metadata=metadata,
-            )
+            for attempt in range(5):
+                try:
+                    response = await stubs[(i + attempt) % len(stubs)].AcquireLease(
+                        request, timeout=60, metadata=metadata
+                    )
+                    break
+                except grpc.aio.AioRpcError as err:
+                    # Safe to retry: the same request_id gets the same lease.
+                    if attempt == 4 or err.code() not in (
+                        grpc.StatusCode.CANCELLED,
+                        grpc.StatusCode.UNAVAILABLE,
+                    ):
+                        raise
+                    retried[0] += 1
             into.append(time.perf_counter() - started)
             return response.lease.lease_id
 
@@ -430,7 +441,20 @@ async def scale_load(address: str, token: str, args: argparse.Namespace, pool_pi
         "pool_cores": pool_cores,
         "client_cores": client_cores,
         "pool_rss_mb": rss_mb,
+        "acquire_retries": retried[0],
     }
+
+
+def show_log_tail(path: Path, lines: int = 30) -> None:
+    """What the pool logged at warning and above, if anything (its log dies with the workdir)."""
+    logged = [
+        x
+        for x in path.read_text(errors="replace").splitlines()
+        if x.strip() != "ready" and "code=OK" not in x
+    ]
+    if logged:
+        print(f"[bench] pool log ({len(logged)} lines, last {lines}):")
+        print("\n".join("    " + line for line in logged[-lines:]), flush=True)
 
 
 def part_scale(
@@ -457,6 +481,7 @@ def part_scale(
             start_new_session=True,
         )
     cleanup.append(lambda: stop_process(process))
+    cleanup.append(lambda: show_log_tail(log_path))
     progress(f"started the simulated-node pool (pid {process.pid}), {args.nodes} nodes")
     print(
         f"\n(d) control plane: {args.nodes} simulated nodes, {args.leases} leases, 1 Hz keepalives"
@@ -468,7 +493,8 @@ def part_scale(
     steady = figures("AcquireLease at steady state", out["steady"])
     print(
         f"  ramp: {args.leases} leases in {out['ramp_s']:.1f} s"
-        f" ({args.leases / out['ramp_s']:.0f}/s), pool {out['ramp_pool_cores']:.2f} cores",
+        f" ({args.leases / out['ramp_s']:.0f}/s), pool {out['ramp_pool_cores']:.2f} cores;"
+        f" {out['acquire_retries']} acquires retried (same request_id) after CANCELLED/UNAVAILABLE",
         flush=True,
     )
     print(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import time
@@ -188,6 +189,37 @@ class Node:
     lost: bool = False  # failures reached the threshold; leases were reported lost
     health_task: asyncio.Task[None] | None = None
     sync_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    index: LoadIndex | None = None
+
+    # Every change of what holds capacity goes through these four, which keep the index.
+    def hold(self, lease_id: str) -> None:
+        before = self.used
+        self.leases.add(lease_id)
+        self._moved(before)
+
+    def unhold(self, lease_id: str) -> None:
+        before = self.used
+        self.leases.discard(lease_id)
+        self._moved(before)
+
+    def put_spare(self, spare: Spare) -> None:
+        before = self.used
+        self.spares[spare.spare_id] = spare
+        if self.index is not None:
+            self.index.spares.setdefault((spare.image, spare.spec_key), {})[spare.spare_id] = spare
+        self._moved(before)
+
+    def pop_spare(self, spare_id: str) -> Spare | None:
+        before = self.used
+        spare = self.spares.pop(spare_id, None)
+        if spare is not None and self.index is not None:
+            self.index.spares.get((spare.image, spare.spec_key), {}).pop(spare_id, None)
+        self._moved(before)
+        return spare
+
+    def _moved(self, before: int) -> None:
+        if self.index is not None:
+            self.index.move(self, before, self.used)
 
     @property
     def capacity(self) -> int:
@@ -204,6 +236,34 @@ class Node:
 
     def matches(self, selector: Mapping[str, str]) -> bool:
         return all(self.labels.get(k) == v for k, v in selector.items())
+
+
+class LoadIndex:
+    """Nodes bucketed by how many sandboxes they hold, and spares by (image, spec key), so
+    placement looks at the least loaded nodes first instead of scanning a thousand."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, dict[str, Node]] = {}
+        self.spares: dict[tuple[str, str], dict[str, Spare]] = {}
+
+    def add(self, node: Node) -> None:
+        node.index = self
+        self.buckets.setdefault(node.used, {})[node.node_id] = node
+
+    def move(self, node: Node, before: int, after: int) -> None:
+        if before == after:
+            return
+        bucket = self.buckets.get(before)
+        if bucket is not None:
+            bucket.pop(node.node_id, None)
+            if not bucket:
+                del self.buckets[before]
+        self.buckets.setdefault(after, {})[node.node_id] = node
+
+    def by_load(self) -> Iterable[tuple[int, Node]]:
+        for used in sorted(self.buckets):
+            for node in list(self.buckets.get(used, {}).values()):
+                yield used, node
 
 
 @dataclass(frozen=True)
@@ -233,6 +293,7 @@ class Watcher:
         self.leases: set[str] = set()
 
 
+@functools.lru_cache(maxsize=4096)
 def image_names(image: str) -> tuple[str, ...]:
     """The names a present image may be listed under ("x" is "x:latest")."""
     last = image.rsplit("/", 1)[-1]
@@ -260,6 +321,7 @@ class Pool:
         secret = settings.capability_secret
         self._secret = secret.get_secret_value().encode() if secret else None
         self.nodes: dict[str, Node] = {}
+        self._index = LoadIndex()
         self.leases: dict[str, Lease] = {}
         self._by_request: dict[str, Lease] = {}
         self._queue: list[Lease] = []
@@ -332,6 +394,7 @@ class Pool:
             register_time=time.time(),
         )
         self.nodes[node_id] = node
+        self._index.add(node)
         node.health_task = asyncio.get_running_loop().create_task(
             self._health_loop(node), name=f"pool.health.{node_id}"
         )
@@ -524,14 +587,16 @@ class Pool:
                     strays += 1
                     self._spawn(self._destroy_stray(node, sb.sandbox_id))
                     continue
-                node.spares[spare_id] = Spare(
-                    spare_id,
-                    node.node_id,
-                    sb.image,
-                    sb.labels.get(LABEL_SPEC, ""),
-                    sb.sandbox_id,
-                    sb.expire_time,
-                    ready=True,
+                node.put_spare(
+                    Spare(
+                        spare_id,
+                        node.node_id,
+                        sb.image,
+                        sb.labels.get(LABEL_SPEC, ""),
+                        sb.sandbox_id,
+                        sb.expire_time,
+                        ready=True,
+                    )
                 )
         for lease_id in list(node.leases):
             lease = self.leases[lease_id]
@@ -544,7 +609,7 @@ class Pool:
                 self._finish(lease)
         for spare_id, spare in list(node.spares.items()):
             if spare.sandbox_id and spare.sandbox_id not in seen:
-                del node.spares[spare_id]
+                node.pop_spare(spare_id)
         if adopted or strays:
             log.info("pool.node_synced", node_id=node.node_id, adopted=adopted, strays=strays)
         self._check_drained(node)
@@ -579,7 +644,7 @@ class Pool:
         self._active[lease.lease_id] = lease
         if lease.request_id:
             self._by_request[lease.request_id] = lease
-        node.leases.add(lease.lease_id)
+        node.hold(lease.lease_id)
 
     async def _destroy_stray(self, node: Node, sandbox_id: str) -> None:
         with contextlib.suppress(Exception):
@@ -596,8 +661,13 @@ class Pool:
             raise InvalidLeaseRequest(f"wait_timeout must be between 0 and {s.max_wait_s:g} s")
 
     def _check_image(self, image: str, selector: Mapping[str, str]) -> None:
-        healthy = [n for n in self.nodes.values() if n.state == N_HEALTHY and n.matches(selector)]
-        if healthy and not any(n.has_image(image) for n in healthy):
+        healthy = False
+        for node in self.nodes.values():
+            if node.state == N_HEALTHY and node.matches(selector):
+                if node.has_image(image):
+                    return
+                healthy = True
+        if healthy:
             raise ImageNotPresent(
                 f"no healthy node has image {image!r}; the pool never pulls (use EnsureImages)",
                 image=image,
@@ -681,26 +751,29 @@ class Pool:
         return cap - used
 
     def _choose(self, lease: Lease, may_create: bool) -> tuple[Node, Spare | None] | None:
-        best: Node | None = None
-        for node in self.nodes.values():
-            if node.state != N_HEALTHY or node.node_id in lease.avoid:
+        """A warm spare of the image and spec, else the least loaded node that has the image
+        and room; only HEALTHY nodes matching the selector that have not failed this lease."""
+        selector = lease.node_selector
+        spares = self._index.spares.get((lease.image, lease.spec_key), {})
+        for spare in spares.values():
+            if not spare.ready or spare.destroying or spare.busy:
                 continue
-            if lease.node_selector and not node.matches(lease.node_selector):
+            node = self.nodes.get(spare.node_id)
+            if (
+                node is not None
+                and node.state == N_HEALTHY
+                and node.node_id not in lease.avoid
+                and (not selector or node.matches(selector))
+            ):
+                return node, spare
+        if not may_create:
+            return None
+        for used, node in self._index.by_load():
+            if node.state != N_HEALTHY or used >= node.capacity or node.node_id in lease.avoid:
                 continue
-            for spare in node.spares.values():
-                if (
-                    spare.ready
-                    and not spare.destroying
-                    and not spare.busy
-                    and spare.image == lease.image
-                    and spare.spec_key == lease.spec_key
-                ):
-                    return node, spare
-            if not may_create or node.used >= node.capacity or not node.has_image(lease.image):
-                continue
-            if best is None or node.used < best.used:
-                best = node
-        return (best, None) if best is not None else None
+            if (not selector or node.matches(selector)) and node.has_image(lease.image):
+                return node, None
+        return None
 
     def _pump(self) -> None:
         """Places queued requests, oldest first, wherever there is room now."""
@@ -718,17 +791,19 @@ class Pool:
                 free -= 1
             placed.append(lease)
             lease.wait_duration_s = time.time() - lease.create_time
-            node.leases.add(lease.lease_id)
+            node.hold(lease.lease_id)
             lease.node_id, lease.node_address = node.node_id, node.address
             if spare is not None:
-                del node.spares[spare.spare_id]
+                node.pop_spare(spare.spare_id)
             self._spawn(self._place(lease, node, spare))
         if placed:
             ids = {id(lease) for lease in placed}
             self._queue = [lease for lease in self._queue if id(lease) not in ids]
             metrics.WAITING.set(len(self._queue))
         elif self._queue and any(
-            s.ready and not s.destroying for n in self.nodes.values() for s in n.spares.values()
+            s.ready and not s.destroying
+            for spares in self._index.spares.values()
+            for s in spares.values()
         ):
             # Requests wait while spares of other images hold the room: give one back.
             self._maintain_now.set()
@@ -747,7 +822,7 @@ class Pool:
             else:
                 facts = await node.conn.create(self._create_request(lease))
         except (NodeUnreachable, NodeFull, NodeImageMissing, NodeSandboxGone) as exc:
-            node.leases.discard(lease.lease_id)
+            node.unhold(lease.lease_id)
             lease.node_id = lease.node_address = ""
             if isinstance(exc, NodeImageMissing):
                 node.images -= set(image_names(lease.image))
@@ -764,7 +839,7 @@ class Pool:
             self._pump()
             return
         except NodeRejected as exc:
-            node.leases.discard(lease.lease_id)
+            node.unhold(lease.lease_id)
             self._pump()
             error: SwerlError = (
                 InvalidLeaseRequest(str(exc), node_reason=exc.reason)
@@ -774,7 +849,7 @@ class Pool:
             self._fail(lease, error)
             return
         except Exception as exc:  # A bug must not leave the request waiting forever.
-            node.leases.discard(lease.lease_id)
+            node.unhold(lease.lease_id)
             log.exception("pool.place_error", lease_id=lease.lease_id)
             self._fail(lease, Internal(f"placing the lease failed: {exc!r}"))
             return
@@ -998,7 +1073,7 @@ class Pool:
         self._active.pop(lease.lease_id, None)
         node = self.nodes.get(lease.node_id)
         if node is not None:
-            node.leases.discard(lease.lease_id)
+            node.unhold(lease.lease_id)
             self._check_drained(node)
         if lease.request_id and self._by_request.get(lease.request_id) is lease:
             # Kept while the lease lives (a retry returns it); a finished one is not reused.
@@ -1082,18 +1157,16 @@ class Pool:
                     break
                 spare = Spare("spr-" + uuid.uuid4().hex[:20], node.node_id, target.image, key[1])
                 spare.busy = True
-                node.spares[spare.spare_id] = spare
+                node.put_spare(spare)
                 self._spawn(self._create_spare(node, spare, target))
                 missing -= 1
                 free -= 1
 
     def _node_for_spare(self, image: str) -> Node | None:
-        best = None
-        for node in self.nodes.values():
-            if node.state == N_HEALTHY and node.used < node.capacity and node.has_image(image):
-                if best is None or node.used < best.used:
-                    best = node
-        return best
+        for used, node in self._index.by_load():
+            if node.state == N_HEALTHY and used < node.capacity and node.has_image(image):
+                return node
+        return None
 
     async def _create_spare(self, node: Node, spare: Spare, target: Target) -> None:
         labels = {**target.spec.labels, LABEL_SPARE: spare.spare_id, LABEL_SPEC: spare.spec_key}
@@ -1109,7 +1182,7 @@ class Pool:
                 )
             )
         except Exception as exc:
-            node.spares.pop(spare.spare_id, None)
+            node.pop_spare(spare.spare_id)
             if isinstance(exc, NodeImageMissing):
                 node.images -= set(image_names(target.image))
             log.warning("pool.spare_failed", node_id=node.node_id, error=str(exc))
@@ -1117,7 +1190,7 @@ class Pool:
             return
         spare.sandbox_id, spare.expire_time, spare.busy = facts.sandbox_id, facts.expire_time, False
         if spare.spare_id not in node.spares:
-            node.spares[spare.spare_id] = spare  # Count it until its destroy is confirmed.
+            node.put_spare(spare)  # Count it until its destroy is confirmed.
             spare.destroying = True
             await self._destroy_spare(node, spare)
             return
@@ -1130,7 +1203,7 @@ class Pool:
         try:
             spare.expire_time = await node.conn.renew(spare.sandbox_id, self.settings.spare_ttl_s)
         except NodeSandboxGone:
-            node.spares.pop(spare.spare_id, None)
+            node.pop_spare(spare.spare_id)
         except Exception:
             pass
         finally:
@@ -1148,7 +1221,7 @@ class Pool:
             log.warning("pool.spare_destroy_failed", node_id=node.node_id, error=str(exc))
             spare.busy = False
             return
-        if node.spares.pop(spare.spare_id, None) is not None and spare.ready:
+        if node.pop_spare(spare.spare_id) is not None and spare.ready:
             metrics.SPARES.dec()
         self._check_drained(node)
         self._pump()

@@ -261,3 +261,27 @@ async def test_nodes_are_listed_healthy_with_their_load(stack, pool, base_image)
         assert len(nodes) == 2
         assert all(n.state == pb.NODE_STATE_HEALTHY and n.capacity == 3 for n in nodes.values())
         assert nodes[lease.node_id].lease_count == 1
+
+
+async def test_pool_metrics_are_exported(base_image):
+    import urllib.request
+
+    from swerl.pool.server import local_stack
+
+    async with local_stack(nodes=1, purpose="poolmetrics", pool_settings={"metrics_port": 0}) as s:
+        client = PoolClient(s.pool_address, token=s.token)
+        try:
+            async with client.lease(base_image):
+                pass
+        finally:
+            await client.close()
+        url = f"http://127.0.0.1:{s.pool.server.metrics_port}/metrics"
+        text = (await asyncio.to_thread(urllib.request.urlopen, url, timeout=10)).read().decode()
+    for name in (
+        "swerl_pool_leases",
+        "swerl_pool_waiting",
+        "swerl_pool_acquire_seconds_bucket",
+        "swerl_pool_lease_ends_total",
+        "swerl_pool_node_healthy",
+    ):
+        assert name in text, name
