@@ -21,6 +21,9 @@ _NETWORK_TO_DOMAIN = {
     pb.NETWORK_MODE_BRIDGE: "bridge",
 }
 _NETWORK_TO_PB = {"none": pb.NETWORK_MODE_NONE, "bridge": pb.NETWORK_MODE_BRIDGE}
+# How long output waits for the command's exit to travel with it (ExecCommands): long enough
+# for a short command's end marker to follow its output, too short to notice in a live stream.
+_OUTPUT_LINGER_S = 0.002
 _SIGNALS = {pb.SIGNAL_INT: "INT", pb.SIGNAL_TERM: "TERM", pb.SIGNAL_KILL: "KILL"}
 _PULL_STATUS = {
     "PRESENT": pb.IMAGE_PULL_STATUS_PRESENT,
@@ -186,11 +189,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 if isinstance(item, Exception):
                     raise item
                 # Output already followed by the exit (the run has finished) goes out with the
-                # exit in one `end` message: one write instead of two for a short command.
+                # exit in one `end` message: one write instead of two for a short command. The
+                # last chunk seen while the command runs waits a moment for that exit.
                 last: list[pb.ExecOutput] = []
                 async for event in item.events():
                     if isinstance(event, Output):
                         chunk = pb.ExecOutput(stream=event.stream, data=event.data)
+                        if not item.finished and not item.events_waiting:
+                            await item.settle(_OUTPUT_LINGER_S)
                         if item.finished:
                             last.append(chunk)
                         else:

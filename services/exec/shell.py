@@ -534,6 +534,13 @@ class SandboxShell:
 
 
 _DONE = object()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 # Command nonces: unique within this node process, and across restarts thanks to the prefix (a
 # pgid file left by an earlier node must never match a new command).
 _NONCE_PREFIX = secrets.token_hex(4)
@@ -640,6 +647,26 @@ class CommandRun:
             return
         self._signaled = True
         self._shell.spawn(self._kill(signal))
+
+    @property
+    def events_waiting(self) -> int:
+        """Events queued for the caller and not taken yet."""
+        return len(self._items)
+
+    async def settle(self, timeout_s: float) -> None:
+        """Waits until the command has finished, or `timeout_s` at most."""
+        if self._state == _FINISHED:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._finished_waiters.append(waiter)
+        timer = loop.call_later(timeout_s, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            with contextlib.suppress(ValueError):
+                self._finished_waiters.remove(waiter)
 
     async def wait_finished(self) -> None:
         if self._state != _FINISHED:
