@@ -1,0 +1,291 @@
+"""`swerl eval`: a policy on a dataset through agent, pool and exec nodes; see `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from swerl.chassis.logging import configure_logging
+from swerl.data.naming import CONVENTIONS
+
+_MAX_MESSAGE = 256 << 20  # results carry whole token trajectories
+
+
+@contextlib.asynccontextmanager
+async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | None]]:
+    """The agent's address and bearer token: remote, over a remote pool, or all in-process."""
+    if args.agent:
+        yield args.agent, args.token
+        return
+    from swerl.agent.server import local_agent
+
+    if args.pool:
+        async with local_agent(args.pool, args.token or "") as agent:
+            yield agent.address, args.token
+        return
+    from swerl.pool.server import local_stack
+
+    node_ids: list[str] = []
+    try:
+        async with (
+            local_stack(
+                nodes=args.nodes,
+                max_sandboxes=max(2, 2 * args.concurrency),
+                purpose=args.stack_name or f"eval-{os.getpid()}",
+            ) as stack,
+            local_agent(stack.pool_address, stack.token) as agent,
+        ):
+            node_ids = [node.settings.node_id for node in stack.nodes]
+            yield agent.address, stack.token
+    finally:
+        # A sandbox whose creation was still under way when an interrupted run stopped its
+        # nodes escapes their cleanup; these nodes never come back to reap it, so sweep here.
+        await asyncio.to_thread(_remove_sandboxes_of, node_ids)
+
+
+def _remove_sandboxes_of(node_ids: list[str]) -> None:
+    if not node_ids:
+        return
+    import docker
+
+    client = docker.from_env()
+    try:
+        for node_id in node_ids:
+            for container in client.api.containers(
+                all=True, filters={"label": f"swerl.node={node_id}"}
+            ):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_container(container["Id"], force=True, v=True)
+    finally:
+        client.close()
+
+
+@contextlib.asynccontextmanager
+async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[str]:
+    if not args.replay:
+        yield args.policy_url
+        return
+    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+
+    garbage = args.replay == "garbage"
+    server = ReplayPolicyServer(
+        {} if garbage else scripts_for_tasks(tasks, args.replay),
+        tokenizer_dir=args.tokenizer,
+        garbage=garbage,
+        latency_s=args.replay_latency,
+    )
+    url = await server.start()
+    try:
+        yield url
+    finally:
+        await server.stop()
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from swerl.chassis.client import make_channel
+    from swerl.evaluation.dataset import load_instances, select
+    from swerl.evaluation.results import OutputDir
+    from swerl.evaluation.runner import EvalConfig, Progress, run_all
+
+    loaded = load_instances(
+        args.dataset, convention=args.image_convention, registry_prefix=args.registry_prefix
+    )
+    if loaded.skipped:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(loaded.skipped.items()))
+        print(f"skipped {sum(loaded.skipped.values())} rows that cannot be graded: {reasons}")
+    chosen = select(
+        loaded.instances,
+        instance_ids=args.instance_ids,
+        pattern=args.filter,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        slice_spec=args.slice,
+    )
+    out = OutputDir(args.output)
+    finished = out.finished(retry_errors=args.retry_errors)
+    todo = [i for i in chosen if i.instance_id not in finished]
+    print(
+        f"{len(chosen)} instances selected, {len(chosen) - len(todo)} already done in "
+        f"{args.output}, {len(todo)} to run",
+        flush=True,
+    )
+
+    tasks: list[Any] = []
+    if args.dataset.is_dir() and (args.replay or not args.no_build) and not args.agent:
+        from swerl.tasks import build_images, load_tasks
+
+        wanted = {i.instance_id for i in todo}
+        tasks = [t for t in load_tasks(args.dataset) if t.instance_id in wanted]
+        if not args.no_build and not args.pool:
+            await asyncio.to_thread(
+                build_images, tasks, base_image=args.base_image, progress=lambda line: None
+            )
+    tokenizer = args.tokenizer
+    if not tokenizer and (args.replay or args.policy_api == "sglang"):
+        from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+
+        tokenizer = str(bundled_qwen3_tokenizer_dir())
+    model = args.model or ("replay" if args.replay else args.policy_url)
+    config = EvalConfig(
+        policy_endpoint="",
+        policy_api=args.policy_api,
+        model=model,
+        tokenizer_path=tokenizer or "",
+        sampling_params=args.sampling_params,
+        max_turns=args.max_turns,
+        max_context_tokens=args.max_context_tokens,
+        max_new_tokens=args.max_new_tokens,
+        wall_timeout_s=args.wall_timeout,
+        command_timeout_s=args.command_timeout,
+        eval_timeout_s=args.eval_timeout,
+        concurrency=args.concurrency,
+        artifact_dir=args.remote_artifact_dir if args.agent else str(out.artifacts.resolve()),
+        config_name=args.config_name,
+    )
+    info = {"dataset": str(args.dataset), "policy_api": args.policy_api}
+    progress = Progress(len(todo))
+    if todo:
+        async with _policy(args, tasks) as url, _agent(args) as (address, token):
+            config.policy_endpoint = url
+            info["policy_endpoint"] = url
+            channel = make_channel(
+                address,
+                token=token,
+                extra_options=(("grpc.max_receive_message_length", _MAX_MESSAGE),),
+            )
+            try:
+                from swerl.agent.v1 import agent_pb2_grpc
+
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                progress.show()
+                await run_all(stub, todo, out, config, progress)
+            finally:
+                progress.close()
+                await channel.close()
+    summary = out.write_derived([i.instance_id for i in chosen], model, info)
+    print(
+        f"resolved {summary['resolved']}/{summary['instances']} "
+        f"({100 * summary['resolve_rate']:.1f}%), errors {summary['errors']}, "
+        f"not run {summary['not_run']}; by status {json.dumps(summary['by_status'])}"
+    )
+    print(f"wrote {args.output}/results.jsonl, preds.jsonl, summary.json")
+    if summary["errors"]:
+        print("errors are not scored; run again with --retry-errors to retry them")
+    return 0 if not summary["errors"] and not summary["not_run"] else 1
+
+
+def _eval(args: argparse.Namespace) -> int:
+    configure_logging("console", "warning")
+    if not args.replay and not args.policy_url:
+        print("swerl eval: give --policy-url (or --replay for the demo policy)", file=sys.stderr)
+        return 2
+    if args.replay and not args.dataset.is_dir():
+        print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
+        return 2
+    if not args.dataset.exists():
+        print(f"swerl eval: {args.dataset}: no such file or directory", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        # SIGINT/SIGTERM cancel the run: running episodes are cancelled (their sandboxes are
+        # released), finished ones are already on disk, and the next run resumes.
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await _run(args)
+        except asyncio.CancelledError:
+            print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+            return 130
+
+    try:
+        return asyncio.run(main())
+    except ValueError as exc:
+        print(f"swerl eval: {exc}", file=sys.stderr)
+        return 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a policy on a SWE dataset through the agent, pool and exec nodes",
+        description=(
+            "Runs one agent episode per instance and grades its patch. Writes OUTPUT/results.jsonl"
+            " (one record per instance, as episodes end), preds.jsonl (SWE-bench predictions),"
+            " summary.json, and per-episode artifacts under OUTPUT/artifacts. Instances already"
+            " in results.jsonl are skipped, so an interrupted run resumes. Errors (infra"
+            " failures) are counted apart and re-run with --retry-errors. By default everything"
+            " runs in this process on the local dockerd; --agent or --pool use running services."
+        ),
+    )
+    parser.add_argument(
+        "dataset",
+        type=Path,
+        help="tasks directory, slime JSONL from `swerl data prepare`, or raw rows (jsonl/parquet)",
+    )
+    parser.add_argument("--output", "-o", type=Path, required=True, help="output directory")
+    policy = parser.add_argument_group("policy")
+    policy.add_argument("--policy-url", help="policy server base URL (SGLang router or OpenAI)")
+    policy.add_argument("--policy-api", choices=["sglang", "openai"], default="sglang")
+    policy.add_argument("--model", default="", help="model name (OpenAI) and in preds.jsonl")
+    policy.add_argument("--tokenizer", help="local tokenizer directory (SGLang; default Qwen3)")
+    policy.add_argument(
+        "--sampling-params",
+        type=json.loads,
+        default={},
+        help="SGLang sampling params as JSON, e.g. '{\"temperature\": 0.0}'",
+    )
+    policy.add_argument(
+        "--replay",
+        choices=["gold", "wrong", "garbage"],
+        help="run the in-process replay policy on a tasks directory (demo, tests)",
+    )
+    policy.add_argument("--replay-latency", type=float, default=0.0, help=argparse.SUPPRESS)
+    services = parser.add_argument_group("services (default: all in this process)")
+    services.add_argument("--agent", help="a running AgentService host:port")
+    services.add_argument("--pool", help="a running PoolService host:port (agent in-process)")
+    services.add_argument(
+        "--token",
+        default=os.environ.get("SWERL_TOKEN"),
+        help="bearer token of --agent/--pool (default: $SWERL_TOKEN)",
+    )
+    services.add_argument("--nodes", type=int, default=1, help="in-process exec nodes")
+    services.add_argument("--stack-name", help=argparse.SUPPRESS)
+    services.add_argument(
+        "--remote-artifact-dir", default="", help="artifact_dir on a remote agent's host"
+    )
+    services.add_argument(
+        "--base-image",
+        default=os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm"),
+        help="base image for a tasks directory's images",
+    )
+    services.add_argument("--no-build", action="store_true", help="do not build task images")
+    pick = parser.add_argument_group("instances")
+    pick.add_argument("--instance-ids", nargs="+", help="only these instance ids")
+    pick.add_argument("--filter", help="only instance ids matching this regular expression")
+    pick.add_argument("--shuffle", action="store_true", help="shuffle before slicing")
+    pick.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    pick.add_argument("--slice", help="START:STOP of the (shuffled) list, e.g. 0:50")
+    pick.add_argument("--image-convention", choices=CONVENTIONS, default="auto")
+    pick.add_argument("--registry-prefix", default="", help="see `swerl data prepare`")
+    run = parser.add_argument_group("run")
+    run.add_argument("--concurrency", "-j", type=int, default=4, help="episodes at once")
+    run.add_argument("--retry-errors", action="store_true", help="re-run INFRA_ERROR/ABORTED")
+    run.add_argument("--config-name", default="", help="agent config (default: 'default')")
+    run.add_argument("--max-turns", type=int, default=0, help="0: the agent config's")
+    run.add_argument("--max-context-tokens", type=int, default=0)
+    run.add_argument("--max-new-tokens", type=int, default=0)
+    run.add_argument("--wall-timeout", type=float, default=0.0, help="seconds per episode")
+    run.add_argument("--command-timeout", type=float, default=0.0, help="seconds per command")
+    run.add_argument("--eval-timeout", type=float, default=0.0, help="seconds per evaluation")
+    parser.set_defaults(handler=_eval)

@@ -1,0 +1,116 @@
+"""The output directory of `swerl eval`: results.jsonl (the record, appended as episodes end),
+and preds.jsonl + summary.json (derived from it at the end of every run).
+
+results.jsonl is the source of truth and the resume point: one line per finished episode,
+flushed and fsynced as it ends, so an interrupted run loses only the episodes still running.
+When an instance has several lines (an error retried), the last one counts. Errors (infra
+failures, aborted generations) are kept apart from answers: they are not counted as unresolved,
+and `--retry-errors` runs them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS_FILE = "results.jsonl"
+PREDS_FILE = "preds.jsonl"
+SUMMARY_FILE = "summary.json"
+ARTIFACTS_DIR = "artifacts"
+
+# Episode outcomes that say nothing about the model: not graded, retryable.
+ERROR_STATUSES = frozenset({"INFRA_ERROR", "ABORTED"})
+
+
+@dataclass
+class OutputDir:
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / ARTIFACTS_DIR).mkdir(exist_ok=True)
+
+    @property
+    def artifacts(self) -> Path:
+        return self.path / ARTIFACTS_DIR
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """The latest record of every instance in results.jsonl."""
+        latest: dict[str, dict[str, Any]] = {}
+        file = self.path / RESULTS_FILE
+        if not file.exists():
+            return latest
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash mid-write; that instance runs again
+            latest[str(record["instance_id"])] = record
+        return latest
+
+    def finished(self, *, retry_errors: bool) -> set[str]:
+        """Instances a resumed run skips."""
+        return {
+            iid
+            for iid, record in self.records().items()
+            if not (retry_errors and record["status"] in ERROR_STATUSES)
+        }
+
+    def append(self, record: dict[str, Any]) -> None:
+        with (self.path / RESULTS_FILE).open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def write_derived(self, selected: list[str], model: str, info: dict[str, Any]) -> dict:
+        """Writes preds.jsonl and summary.json for the `selected` instances; returns the summary."""
+        records = self.records()
+        chosen = [records[iid] for iid in selected if iid in records]
+        with (self.path / PREDS_FILE).open("w", encoding="utf-8") as preds:
+            for record in chosen:
+                if record["status"] in ERROR_STATUSES:
+                    continue  # no answer: re-run, not scored as an empty patch
+                line = {
+                    "instance_id": record["instance_id"],
+                    "model_name_or_path": model,
+                    "model_patch": record.get("patch", ""),
+                }
+                preds.write(json.dumps(line, ensure_ascii=False) + "\n")
+        summary = summarize(chosen, total=len(selected))
+        summary.update(model_name_or_path=model, **info)
+        (self.path / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def summarize(records: list[dict[str, Any]], *, total: int) -> dict[str, Any]:
+    by_status = Counter(r["status"] for r in records)
+    by_eval = Counter(r["eval_status"] for r in records if r.get("eval_status"))
+    resolved = sum(1 for r in records if r.get("resolved"))
+    errors = sum(by_status[s] for s in ERROR_STATUSES)
+    graded = sum(1 for r in records if r.get("eval_status"))
+    sums: dict[str, float] = defaultdict(float)
+    counts: Counter[str] = Counter()
+    for record in records:
+        for key, value in (record.get("metrics") or {}).items():
+            sums[key] += float(value)
+            counts[key] += 1
+    return {
+        "instances": total,
+        "completed": len(records) - errors,
+        "not_run": total - len(records),
+        "resolved": resolved,
+        # SWE-bench's figure: every selected instance counts, unresolved unless resolved.
+        "resolve_rate": resolved / total if total else 0.0,
+        "graded": graded,
+        "resolve_rate_of_graded": resolved / graded if graded else 0.0,
+        "errors": errors,
+        "by_status": dict(sorted(by_status.items())),
+        "by_eval_status": dict(sorted(by_eval.items())),
+        "metrics_mean": {key: sums[key] / counts[key] for key in sorted(sums)},
+    }

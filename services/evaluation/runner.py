@@ -1,0 +1,242 @@
+"""Runs the selected instances as agent episodes, `concurrency` at a time, recording each result
+as it ends, with a live progress line (done / resolved / errors / running / ETA)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import grpc
+
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.agent.v1 import agent_pb2_grpc
+from swerl.chassis.client import error_info
+from swerl.chassis.timeconv import duration_pb
+from swerl.evaluation.dataset import EvalInstance
+from swerl.evaluation.results import ERROR_STATUSES, OutputDir
+from swerl.exec.v1 import evaluate_pb2
+
+_EPISODE_STATUS = {v: k.removeprefix("EPISODE_STATUS_") for k, v in pb.EpisodeStatus.items()}
+_EVAL_STATUS = {
+    v: k.removeprefix("EVALUATION_STATUS_") for k, v in evaluate_pb2.EvaluationStatus.items()
+}
+# How long an interrupted episode gets to end itself (CANCELLED, sandbox released).
+CANCEL_GRACE_S = 10.0
+_POLICY_API = {"sglang": pb.POLICY_API_SGLANG_GENERATE, "openai": pb.POLICY_API_OPENAI_CHAT}
+
+
+@dataclass
+class EvalConfig:
+    policy_endpoint: str
+    policy_api: str = "sglang"
+    model: str = ""
+    tokenizer_path: str = ""
+    sampling_params: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 0
+    max_context_tokens: int = 0
+    max_new_tokens: int = 0
+    wall_timeout_s: float = 0.0
+    command_timeout_s: float = 0.0
+    eval_timeout_s: float = 0.0
+    concurrency: int = 4
+    artifact_dir: str = ""
+    config_name: str = ""
+    owner: str = "swerl-eval"
+
+    @property
+    def episode_deadline_s(self) -> float:
+        # The agent enforces the limits; this deadline only catches an agent that never answers.
+        wall = self.wall_timeout_s or 3600.0
+        evaluation = self.eval_timeout_s or 1800.0
+        return wall + evaluation + 600.0
+
+
+def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -> pb.EpisodeStart:
+    from swerl.trainer_plugin.instance import sample_instance
+
+    swe = sample_instance({"instance": instance.instance, "data_source": instance.data_source})
+    start = pb.EpisodeStart(
+        episode_id=episode_id,
+        instance=swe,
+        policy=pb.PolicyConfig(
+            endpoint=config.policy_endpoint,
+            api=_POLICY_API[config.policy_api],
+            model=config.model,
+            tokenizer_path=config.tokenizer_path,
+        ),
+        limits=pb.EpisodeLimits(
+            max_turns=config.max_turns,
+            max_context_tokens=config.max_context_tokens,
+            max_new_tokens=config.max_new_tokens,
+            wall_timeout=duration_pb(config.wall_timeout_s),
+            command_timeout=duration_pb(config.command_timeout_s),
+            eval_timeout=duration_pb(config.eval_timeout_s),
+        ),
+        options=pb.EpisodeOptions(
+            artifact_dir=config.artifact_dir, config_name=config.config_name, owner=config.owner
+        ),
+    )
+    start.policy.sampling_params.update(config.sampling_params)
+    return start
+
+
+async def run_episode(
+    stub: agent_pb2_grpc.AgentServiceStub, instance: EvalInstance, config: EvalConfig
+) -> dict[str, Any]:
+    """One episode to its result record. Failures of the call itself are INFRA_ERROR records."""
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", instance.instance_id)[:80]
+    episode_id = f"eval-{safe_id}-{uuid.uuid4().hex[:8]}"
+    started = time.monotonic()
+    record: dict[str, Any] = {"instance_id": instance.instance_id, "episode_id": episode_id}
+    result = None
+    requests: asyncio.Queue[pb.RunEpisodeRequest | None] = asyncio.Queue()
+
+    async def request_stream():
+        # Kept open after `start`, so that an interrupted run can still send `cancel`.
+        while (request := await requests.get()) is not None:
+            yield request
+
+    try:
+        start = episode_start(instance, config, episode_id)
+        requests.put_nowait(pb.RunEpisodeRequest(start=start))
+        call = stub.RunEpisode(request_stream(), timeout=config.episode_deadline_s)
+        try:
+            async for message in call:
+                if message.WhichOneof("kind") == "result":
+                    result = message.result
+        except asyncio.CancelledError:
+            await _cancel_episode(call, requests)
+            raise
+        finally:
+            requests.put_nowait(None)
+    except grpc.RpcError as exc:
+        reason = error_info(exc)[0] or exc.code().name
+        record.update(status="INFRA_ERROR", error_reason=reason, error_message=exc.details())
+    except ValueError as exc:  # the instance could not be turned into a request
+        record.update(status="INFRA_ERROR", error_reason="BAD_INSTANCE", error_message=str(exc))
+    else:
+        if result is None:
+            record.update(status="INFRA_ERROR", error_reason="NO_RESULT", error_message="")
+        else:
+            record.update(_result_fields(result))
+    record["resolved"] = bool(record.get("resolved"))
+    record["duration_s"] = round(time.monotonic() - started, 3)
+    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return record
+
+
+async def _cancel_episode(call: Any, requests: asyncio.Queue) -> None:
+    """Asks the agent to stop the episode (it kills the command and releases the sandbox) and
+    waits a little for its CANCELLED result; a dropped call is the agent's cue as well."""
+    requests.put_nowait(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="swerl eval stopped")))
+
+    async def drain() -> None:
+        async for _ in call:
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), timeout=CANCEL_GRACE_S)
+    except (asyncio.TimeoutError, grpc.RpcError):
+        call.cancel()
+
+
+def _result_fields(result: pb.EpisodeResult) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "status": _EPISODE_STATUS.get(result.status, "UNSPECIFIED"),
+        "reward": result.reward if result.HasField("reward") else None,
+        "error_reason": result.error_reason,
+        "error_message": result.error_message,
+        "metrics": dict(result.metrics),
+        "artifact_dir": result.artifact_dir,
+        "patch": result.patch.decode("utf-8", "replace"),
+        "eval_status": "",
+    }
+    if result.HasField("report"):
+        report = result.report
+        fields["eval_status"] = _EVAL_STATUS.get(report.status, "UNSPECIFIED")
+        fields["resolved"] = report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+    return fields
+
+
+class Progress:
+    """The live line; on a terminal it rewrites itself, elsewhere it prints at each change."""
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.done = 0
+        self.resolved = 0
+        self.errors = 0
+        self.running = 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+
+    def finish(self, record: dict[str, Any]) -> None:
+        self.done += 1
+        self.resolved += bool(record.get("resolved"))
+        self.errors += record["status"] in ERROR_STATUSES
+        self.show()
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        if self.done:
+            left = elapsed / self.done * (self.total - self.done)
+            eta = f"{int(left // 60):02d}:{int(left % 60):02d}"
+        else:
+            eta = "--:--"
+        width = 24
+        filled = int(width * self.done / self.total) if self.total else width
+        bar = "#" * filled + "." * (width - filled)
+        return (
+            f"[{bar}] {self.done}/{self.total} done | {self.resolved} resolved | "
+            f"{self.errors} errors | {self.running} running | ETA {eta}"
+        )
+
+    def show(self) -> None:
+        if self.tty:
+            self.stream.write("\r" + self.line())
+        else:
+            self.stream.write(self.line() + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def run_all(
+    stub: agent_pb2_grpc.AgentServiceStub,
+    instances: list[EvalInstance],
+    out: OutputDir,
+    config: EvalConfig,
+    progress: Progress,
+) -> None:
+    """Runs every instance; cancelling this cancels the running episodes (the agent releases
+    their sandboxes) and records nothing for them."""
+    limit = asyncio.Semaphore(max(1, config.concurrency))
+
+    async def one(instance: EvalInstance) -> None:
+        async with limit:
+            progress.running += 1
+            progress.show()
+            try:
+                record = await run_episode(stub, instance, config)
+            finally:
+                progress.running -= 1
+            out.append(record)
+            progress.finish(record)
+
+    tasks = [asyncio.ensure_future(one(instance)) for instance in instances]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

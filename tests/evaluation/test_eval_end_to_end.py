@@ -1,0 +1,200 @@
+"""`swerl eval` as a user runs it (a subprocess), on the bundled tasks with the replay policy,
+over an in-process pool, exec node and agent on the real dockerd."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from swerl.tasks import build_images, default_tasks_dir, load_tasks
+
+TASKS = default_tasks_dir()
+ALL = sorted(t.instance_id for t in load_tasks(TASKS))
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module", autouse=True)
+def task_images():
+    base = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
+    build_images(load_tasks(TASKS), base_image=base, progress=lambda line: None)
+
+
+def _eval(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "swerl.cli", "eval", str(TASKS), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _sandboxes_of(prefix: str) -> list:
+    client = docker.from_env()
+    try:
+        # The low-level list inspects nothing, so containers of other tests vanishing meanwhile
+        # cannot fail it.
+        return [
+            c["Id"]
+            for c in client.api.containers(all=True, filters={"label": "swerl.node"})
+            if (c.get("Labels") or {}).get("swerl.node", "").startswith(prefix)
+        ]
+    finally:
+        client.close()
+
+
+def test_eval_writes_results_preds_and_summary_and_resumes_without_redoing(tmp_path):
+    out = tmp_path / "run"
+    first = _eval("--replay", "gold", "-o", str(out), "-j", "3", "--slice", "0:3")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "3 instances selected, 0 already done" in first.stdout
+    done_first = {r["instance_id"]: r["episode_id"] for r in _records(out)}
+    assert sorted(done_first) == ALL[:3]
+
+    second = _eval("--replay", "gold", "-o", str(out), "-j", "3")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "6 instances selected, 3 already done" in second.stdout
+    records = _records(out)
+    assert len(records) == 6 and sorted(r["instance_id"] for r in records) == ALL
+    # The first three were not run again.
+    assert {r["instance_id"]: r["episode_id"] for r in records[:3]} == done_first
+    assert all(r["status"] == "SUBMITTED" and r["resolved"] for r in records)
+    assert all(r["reward"] == 1.0 and r["eval_status"] == "RESOLVED_FULL" for r in records)
+    # progress line on stderr
+    assert "6/6 done" not in second.stderr and "3/3 done | 3 resolved | 0 errors" in second.stderr
+
+    preds = [json.loads(line) for line in (out / "preds.jsonl").read_text().splitlines()]
+    assert sorted(p["instance_id"] for p in preds) == ALL
+    assert all(p["model_name_or_path"] == "replay" for p in preds)
+    assert all(p["model_patch"].startswith("diff --git") for p in preds)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["instances"] == 6 and summary["resolved"] == 6
+    assert summary["resolve_rate"] == 1.0 and summary["errors"] == 0
+    assert summary["by_status"] == {"SUBMITTED": 6}
+    assert summary["by_eval_status"] == {"RESOLVED_FULL": 6}
+    assert summary["metrics_mean"]["turns"] > 0
+
+    # Per-instance artifacts from the agent.
+    for record in records:
+        artifact = Path(record["artifact_dir"])
+        assert artifact.parent == (out / "artifacts").resolve()
+        assert {"traj.json", "patch.diff", "meta.json"} <= {p.name for p in artifact.iterdir()}
+
+    third = _eval("--replay", "gold", "-o", str(out))
+    assert third.returncode == 0 and "0 to run" in third.stdout
+    assert len(_records(out)) == 6
+
+
+def test_unresolved_answers_and_infra_errors_are_counted_apart_and_errors_retried(tmp_path):
+    out = tmp_path / "run"
+    ids = ["swerl-examples__romans-5", "swerl-examples__semverlite-41"]
+    # A policy nobody serves: the agent ends the episode INFRA_ERROR, which is not scored.
+    broken = _eval("--policy-url", "http://127.0.0.1:9", "-o", str(out), "--instance-ids", *ids)
+    assert broken.returncode == 1
+    assert "errors are not scored" in broken.stdout
+    records = _records(out)
+    assert [r["status"] for r in records] == ["INFRA_ERROR", "INFRA_ERROR"]
+    assert all(r["error_reason"] and not r["resolved"] for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["errors"] == 2 and summary["completed"] == 0 and summary["resolved"] == 0
+    assert (out / "preds.jsonl").read_text() == ""  # no answer, no prediction
+
+    # Without the flag errors stay as they are; with it they run again (a wrong fix this time).
+    again = _eval("--replay", "wrong", "-o", str(out), "--instance-ids", ids[1])
+    assert "1 already done" in again.stdout and "0 to run" in again.stdout
+    retried = _eval("--replay", "wrong", "-o", str(out), "--instance-ids", ids[1], "--retry-errors")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    latest = _records(out)[-1]
+    assert latest["instance_id"] == ids[1]
+    assert latest["status"] == "SUBMITTED" and latest["reward"] == -1.0
+    assert not latest["resolved"] and latest["eval_status"] != "RESOLVED_FULL"
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["instances"], summary["resolved"], summary["errors"]) == (1, 0, 0)
+    assert summary["completed"] == 1 and summary["resolve_rate"] == 0.0
+
+
+def test_sigint_leaves_no_sandbox_and_a_resumable_output_dir(tmp_path):
+    out = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "eval",
+        str(TASKS),
+        "--replay",
+        "gold",
+        "--replay-latency",
+        "1.5",
+        "-o",
+        str(out),
+        "-j",
+        "2",
+        "--slice",
+        "0:4",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    prefix = f"eval-{process.pid}-"
+    try:
+        # Interrupt once one episode is recorded and others hold sandboxes.
+        results = out / "results.jsonl"
+        deadline = time.monotonic() + 180
+        while not (results.exists() and results.read_text() and _sandboxes_of(prefix)):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no episode finished while others ran"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, stdout + stderr
+    assert "interrupted; run the same command again to resume" in stderr
+    assert _sandboxes_of(prefix) == []
+    finished = results.read_text().splitlines()
+    assert 1 <= len(finished) < 4
+    assert all(json.loads(line)["status"] == "SUBMITTED" for line in finished)
+
+    resumed = _eval("--replay", "gold", "-o", str(out), "-j", "2", "--slice", "0:4")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{len(finished)} already done in " in resumed.stdout
+    assert f", {4 - len(finished)} to run" in resumed.stdout
+    records = _records(out)
+    assert sorted(r["instance_id"] for r in records) == ALL[:4]
+    assert all(r["resolved"] for r in records)
+
+
+def test_bad_invocations_exit_2_with_a_reason(tmp_path):
+    no_policy = _eval("-o", str(tmp_path / "a"))
+    assert no_policy.returncode == 2 and "--policy-url" in no_policy.stderr
+    bad_slice = _eval("--replay", "gold", "-o", str(tmp_path / "b"), "--slice", "x")
+    assert bad_slice.returncode == 2 and "START:STOP" in bad_slice.stderr
+    missing = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "swerl.cli",
+            "eval",
+            str(tmp_path / "nope.jsonl"),
+            "-o",
+            "x",
+            "--policy-url",
+            "http://127.0.0.1:9",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode == 2 and "no such file" in missing.stderr

@@ -1,0 +1,154 @@
+"""`swerl eval`'s dataset reading, selection and result bookkeeping, without services."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swerl.evaluation.dataset import load_instances, parse_slice, select
+from swerl.evaluation.results import OutputDir, summarize
+from swerl.evaluation.runner import EvalConfig, Progress, episode_start
+from swerl.tasks import default_tasks_dir
+
+ROW = {
+    "instance_id": "django__django-11099",
+    "repo": "django/django",
+    "version": "3.0",
+    "base_commit": "d26b2424437dabeeca94d7900b37d2df4410da0c",
+    "problem_statement": "UsernameValidator allows trailing newline",
+    "test_patch": "diff --git a/t b/t\n",
+    "FAIL_TO_PASS": json.dumps(["test_ascii_validator (auth_tests.test_validators.Tests)"]),
+    "PASS_TO_PASS": "[]",
+    "custom_column": {"nested": 1},
+}
+
+
+def test_a_tasks_directory_prepared_jsonl_and_raw_rows_all_load(tmp_path):
+    tasks = load_instances(default_tasks_dir())
+    assert len(tasks.instances) == 6
+    assert all(i.instance["image_name"].startswith("swerl-examples/") for i in tasks.instances)
+
+    prepared = tmp_path / "data.jsonl"
+    line = {"text": "x", "metadata": {"instance": ROW, "data_source": "SWE-Gym/SWE-Gym"}}
+    prepared.write_text(json.dumps(line) + "\n")
+    (loaded,) = load_instances(prepared).instances
+    assert loaded.data_source == "SWE-Gym/SWE-Gym"
+    assert loaded.instance["image_name"].startswith("docker.io/xingyaoww/")
+    assert loaded.instance["FAIL_TO_PASS"] == [
+        "test_ascii_validator (auth_tests.test_validators.Tests)"
+    ]
+
+    raw = tmp_path / "swe-bench.jsonl"
+    bad = dict(ROW, instance_id="x__y-1", FAIL_TO_PASS="[]")
+    raw.write_text("".join(json.dumps(r) + "\n" for r in (ROW, bad, ROW)))
+    result = load_instances(raw, registry_prefix="mirror:5000/sb")
+    assert [i.instance_id for i in result.instances] == ["django__django-11099"]
+    assert result.instances[0].instance["image_name"] == (
+        "mirror:5000/sb/sweb.eval.x86_64.django_1776_django-11099:latest"
+    )
+    assert dict(result.skipped) == {"EMPTY_FAIL_TO_PASS": 1, "DUPLICATE_INSTANCE_ID": 1}
+
+
+def test_selection_filters_shuffles_with_a_seed_and_slices():
+    instances = load_instances(default_tasks_dir()).instances
+    ids = [i.instance_id for i in instances]
+    assert [i.instance_id for i in select(instances, slice_spec="1:3")] == ids[1:3]
+    assert [i.instance_id for i in select(instances, pattern="roman|text")] == [
+        "swerl-examples__romans-5",
+        "swerl-examples__textkit-9",
+    ]
+    named = select(instances, instance_ids=["swerl-examples__romans-5", "unknown"])
+    assert [i.instance_id for i in named] == ["swerl-examples__romans-5"]
+    one = [i.instance_id for i in select(instances, shuffle=True, seed=3)]
+    two = [i.instance_id for i in select(instances, shuffle=True, seed=3)]
+    assert one == two and sorted(one) == ids
+    assert parse_slice(":2") == slice(None, 2)
+    with pytest.raises(ValueError, match="START:STOP"):
+        parse_slice("1-2")
+
+
+def test_episode_start_carries_the_instance_policy_limits_and_options():
+    (instance,) = [
+        i for i in load_instances(default_tasks_dir()).instances if "romans" in i.instance_id
+    ]
+    config = EvalConfig(
+        policy_endpoint="http://p:1",
+        policy_api="openai",
+        model="m",
+        sampling_params={"temperature": 0.5},
+        max_turns=7,
+        eval_timeout_s=90,
+        artifact_dir="/tmp/a",
+    )
+    start = episode_start(instance, config, "ep-1")
+    assert start.instance.instance_id == "swerl-examples__romans-5"
+    assert list(start.instance.fail_to_pass) == instance.instance["FAIL_TO_PASS"]
+    assert start.policy.api == 2 and start.policy.model == "m"
+    assert start.policy.sampling_params["temperature"] == 0.5
+    assert start.limits.max_turns == 7 and start.limits.eval_timeout.seconds == 90
+    assert start.options.artifact_dir == "/tmp/a"
+
+
+def _record(iid: str, status: str, resolved: bool = False, **extra) -> dict:
+    return {
+        "instance_id": iid,
+        "status": status,
+        "resolved": resolved,
+        "eval_status": "RESOLVED_FULL" if resolved else ("" if status == "INFRA_ERROR" else "X"),
+        "patch": "diff" if status != "INFRA_ERROR" else "",
+        **extra,
+    }
+
+
+def test_the_last_record_of_an_instance_counts_and_a_torn_line_is_ignored(tmp_path):
+    out = OutputDir(tmp_path)
+    out.append(_record("a", "INFRA_ERROR"))
+    out.append(_record("b", "SUBMITTED", True))
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write('{"instance_id": "c", "sta')  # a crash mid-write
+    assert out.finished(retry_errors=False) == {"a", "b"}
+    assert out.finished(retry_errors=True) == {"b"}
+    out = OutputDir(tmp_path)
+    (tmp_path / "results.jsonl").write_text(
+        (tmp_path / "results.jsonl").read_text().rsplit("\n", 1)[0] + "\n"
+    )
+    out.append(_record("a", "SUBMITTED", True))
+    assert out.records()["a"]["resolved"] is True
+    summary = out.write_derived(["a", "b", "c"], "model-x", {})
+    assert (summary["instances"], summary["resolved"], summary["not_run"]) == (3, 2, 1)
+    preds = [json.loads(x) for x in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert [p["instance_id"] for p in preds] == ["a", "b"]
+    assert preds[0] == {"instance_id": "a", "model_name_or_path": "model-x", "model_patch": "diff"}
+
+
+def test_summary_keeps_errors_apart_and_averages_metrics_where_reported():
+    records = [
+        _record("a", "SUBMITTED", True, metrics={"turns": 4.0, "eval_time": 2.0}),
+        _record("b", "LIMIT_TURNS", metrics={"turns": 10.0}),
+        _record("c", "INFRA_ERROR"),
+        _record("d", "ABORTED"),
+    ]
+    summary = summarize(records, total=5)
+    assert summary["resolved"] == 1 and summary["errors"] == 2
+    assert summary["completed"] == 2 and summary["not_run"] == 1
+    assert summary["resolve_rate"] == 0.2
+    assert summary["graded"] == 3 and summary["resolve_rate_of_graded"] == pytest.approx(1 / 3)
+    assert summary["metrics_mean"] == {"eval_time": 2.0, "turns": 7.0}
+    assert summary["by_status"] == {
+        "ABORTED": 1,
+        "INFRA_ERROR": 1,
+        "LIMIT_TURNS": 1,
+        "SUBMITTED": 1,
+    }
+
+
+def test_progress_line_shows_done_resolved_errors_running_and_eta(capsys):
+    progress = Progress(4)
+    progress.running = 2
+    assert "0/4 done | 0 resolved | 0 errors | 2 running | ETA --:--" in progress.line()
+    progress.finish(_record("a", "SUBMITTED", True))
+    progress.finish(_record("b", "INFRA_ERROR"))
+    line = progress.line()
+    assert "2/4 done | 1 resolved | 1 errors" in line and "ETA 00:0" in line
+    assert capsys.readouterr().err.count("done") == 2
