@@ -31,7 +31,12 @@ class ExecResult:
         return self.stdout + self.stderr
 
 
-def exec_start(
+def exec_start(sandbox_id: str, command: str, **kwargs) -> pb.ExecRequest:
+    """The `start` request of an Exec call (the keyword arguments of `start_message`)."""
+    return pb.ExecRequest(start=start_message(sandbox_id, command, **kwargs))
+
+
+def start_message(
     sandbox_id: str,
     command: str,
     *,
@@ -42,19 +47,17 @@ def exec_start(
     session: bool = False,
     open_stdin: bool = False,
     notify_started: bool = False,
-) -> pb.ExecRequest:
-    return pb.ExecRequest(
-        start=pb.ExecStart(
-            sandbox_id=sandbox_id,
-            command=command,
-            cwd=cwd,
-            env=dict(env or {}),
-            timeout=duration(timeout_s),
-            max_output_bytes=max_output_bytes,
-            mode=pb.EXEC_MODE_SESSION if session else pb.EXEC_MODE_ISOLATED,
-            open_stdin=open_stdin,
-            notify_started=notify_started,
-        )
+) -> pb.ExecStart:
+    return pb.ExecStart(
+        sandbox_id=sandbox_id,
+        command=command,
+        cwd=cwd,
+        env=env or None,
+        timeout=duration(timeout_s) if timeout_s else None,
+        max_output_bytes=max_output_bytes,
+        mode=pb.EXEC_MODE_SESSION if session else pb.EXEC_MODE_ISOLATED,
+        open_stdin=open_stdin,
+        notify_started=notify_started,
     )
 
 
@@ -170,7 +173,7 @@ class CommandStream:
         """Runs one command and gathers its output (the arguments of `exec_start`). A failed
         command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call. The
         wait is bounded by `deadline_s` (default: the command timeout plus a margin)."""
-        start = exec_start(self.sandbox_id, command, **kwargs).start
+        request = pb.ExecCommandsRequest(start=start_message(self.sandbox_id, command, **kwargs))
         if deadline_s is None:
             deadline_s = (kwargs.get("timeout_s") or 180.0) + COMMAND_DEADLINE_MARGIN_S
         loop = asyncio.get_running_loop()
@@ -200,7 +203,7 @@ class CommandStream:
 
             timer = loop.call_later(deadline_s, expire)
             try:
-                return await self._exchange(call, start)
+                return await self._exchange(call, request)
             except BaseException as exc:
                 # The call's state is unknown (an error ended it, or we stopped reading
                 # half-way): never reuse it.
@@ -220,9 +223,11 @@ class CommandStream:
                     self._idle = loop.call_later(MAX_CALL_AGE_S, self._close_idle)
 
     @staticmethod
-    async def _exchange(call: grpc.aio.StreamStreamCall, start: pb.ExecStart) -> ExecResult:
+    async def _exchange(
+        call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest
+    ) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
-        await call.write(pb.ExecCommandsRequest(start=start))
+        await call.write(request)
         while True:
             message = await call.read()
             if message is grpc.aio.EOF:
