@@ -25,7 +25,7 @@ from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
 from swerl.agent.sandbox import SandboxHandle, SandboxProvider
-from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
+from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
@@ -113,12 +113,14 @@ class Episode:
         chat_policy: ChatPolicy | None = None,
         judge: StepJudge | None = None,
         write_artifacts: Callable[..., Awaitable[str]] | None = None,
+        tokenizer_pool: Executor | None = None,
     ) -> None:
         self.spec = spec
         self._provider = provider
         self._executor = executor
         self._emit = emit
         self._codec = codec
+        self._tokenizer_pool = tokenizer_pool
         self._token_policy = token_policy
         self._chat_policy = chat_policy
         self._judge = judge
@@ -235,7 +237,7 @@ class Episode:
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         if self._codec is None:
             return 0
-        prompt_ids = await self._cpu(self._codec.render_prompt, system, user)
+        prompt_ids = await self._tok("render_prompt", system, user)
         self.trajectory = Trajectory(prompt_ids)
         return len(prompt_ids)
 
@@ -297,7 +299,7 @@ class Episode:
                 self._end(S.EPISODE_STATUS_SUBMITTED)
                 return
             if self.trajectory is not None and self._codec is not None:
-                delta = await self._cpu(self._codec.observation_delta, gen.output_ids, observation)
+                delta = await self._tok("observation_delta", gen.output_ids, observation)
                 self.trajectory.set_delta(delta)
                 turn.observation_tokens = len(delta)
                 if window is not None:
@@ -307,7 +309,7 @@ class Episode:
 
     async def _response_text(self, gen: Generation) -> str:
         if self._codec is not None and gen.output_ids:
-            return await self._cpu(self._codec.decode, gen.output_ids)
+            return await self._tok("decode", gen.output_ids)
         return gen.text or ""
 
     async def _act(
@@ -521,6 +523,16 @@ class Episode:
             bonus = s.score if s is not None and s.state == pb.STEP_SCORE_STATE_SCORED else 0.0
         return self.reward + prm.coef * bonus
 
+    def _records(self) -> list[pb.TokenRecord]:
+        assert self.trajectory is not None
+        trajectory = self.trajectory
+        if self.spec.dynamic_history:
+            return [
+                self._record_pb(record, self._shaped(index))
+                for index, record in enumerate(trajectory.turn_records)
+            ]
+        return [self._record_pb(trajectory.whole_record(), self._shaped(None))]
+
     async def _result(self) -> pb.EpisodeResult:
         spec = self.spec
         result = pb.EpisodeResult(
@@ -535,16 +547,12 @@ class Episode:
         if self.report is not None:
             result.report.CopyFrom(self.report)
         if self.trajectory is not None and self.trajectory.units:
-            trajectory = self.trajectory
+            # Records of a long episode hold hundreds of thousands of ids: built off the loop.
+            records = await self._cpu(self._records)
             if spec.dynamic_history:
-                records = [
-                    self._record_pb(r, self._shaped(i))
-                    for i, r in enumerate(trajectory.turn_records)
-                ]
                 result.turns.extend(records)
             else:
-                whole = await self._cpu(trajectory.whole_record)
-                result.trajectory.CopyFrom(self._record_pb(whole, self._shaped(None)))
+                result.trajectory.CopyFrom(records[0])
         if spec.prm.enabled:
             result.step_scores.extend(self.scores[i] for i in sorted(self.scores))
         result.metrics.update(self.metrics())
@@ -552,6 +560,15 @@ class Episode:
             with contextlib.suppress(OSError):
                 result.artifact_dir = await self._write_artifacts(self, result)
         return result
+
+    async def _tok(self, method: str, *args: Any) -> Any:
+        """A ChatCodec call: in a tokenizer worker process when the agent has them."""
+        assert self._codec is not None
+        if self._tokenizer_pool is not None:
+            key = codec_key(self._codec.path, self._codec.template_kwargs)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._tokenizer_pool, worker_call, key, method, *args)
+        return await self._cpu(getattr(self._codec, method), *args)
 
     async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)

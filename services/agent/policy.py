@@ -116,11 +116,24 @@ class SglangPolicy:
         self._executor = executor
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
+        self._sent: list[int] = []
+        self._sent_json = ""
 
     def _body(self, input_ids: list[int], max_new_tokens: int) -> bytes:
-        params = {**self._params, "max_new_tokens": max_new_tokens}
-        payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
-        return json.dumps(payload, separators=(",", ":")).encode()
+        # Consecutive prompts of an episode extend each other (until the context is trimmed):
+        # only the new ids are serialized, so a turn costs O(new tokens) here too.
+        sent = self._sent
+        if sent and len(input_ids) >= len(sent) and input_ids[: len(sent)] == sent:
+            new = input_ids[len(sent) :]
+            ids_json = self._sent_json + ("," if new else "") + ",".join(map(str, new))
+        else:
+            ids_json = ",".join(map(str, input_ids))
+        self._sent, self._sent_json = input_ids, ids_json
+        params = json.dumps(
+            {**self._params, "max_new_tokens": max_new_tokens}, separators=(",", ":")
+        )
+        body = f'{{"input_ids":[{ids_json}],"sampling_params":{params},"return_logprob":true}}'
+        return body.encode()
 
     async def generate(self, input_ids: list[int], max_new_tokens: int) -> Generation:
         body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import gc
+import multiprocessing
+import os
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,21 @@ from swerl.agent.errors import (
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
-from swerl.agent.tokens import ChatCodec, TemplateMismatch
+from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.hf import load_tokenizer
 from swerl.chassis.timeconv import seconds_of
+
+
+def _worker_init() -> None:
+    # Tokenizer workers yield the CPU to the event loop that waits for them, and die with it.
+    with contextlib.suppress(OSError):
+        os.nice(5)
+    with contextlib.suppress(Exception):
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class EpisodeRunner:
@@ -45,6 +58,14 @@ class EpisodeRunner:
         self.settings = settings
         self.provider = provider
         self.executor = ThreadPoolExecutor(settings.cpu_threads, thread_name_prefix="agent-cpu")
+        self.tokenizer_pool: ProcessPoolExecutor | None = None
+        if settings.tokenizer_processes > 0:
+            # spawn, not fork: the parent runs gRPC threads, which fork would copy half-alive.
+            self.tokenizer_pool = ProcessPoolExecutor(
+                settings.tokenizer_processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_worker_init,
+            )
         self._judge_factory = judge_factory
         self._session: aiohttp.ClientSession | None = None
         self._codecs: dict[tuple[str, str], ChatCodec] = {}
@@ -63,24 +84,39 @@ class EpisodeRunner:
         if self._session is not None:
             await self._session.close()
         self.executor.shutdown(wait=False)
+        if self.tokenizer_pool is not None:
+            self.tokenizer_pool.shutdown(wait=True, cancel_futures=True)
 
     async def codec(self, tokenizer_path: str, template_kwargs: dict[str, Any]) -> ChatCodec:
-        key = (tokenizer_path, json.dumps(template_kwargs, sort_keys=True))
+        key = codec_key(tokenizer_path, template_kwargs)
         lock = self._codec_locks.setdefault(key, asyncio.Lock())
         async with lock:
             if key not in self._codecs:
                 loop = asyncio.get_running_loop()
 
                 def build() -> ChatCodec:
-                    return ChatCodec(load_tokenizer(key[0]), template_kwargs)
+                    return ChatCodec(load_tokenizer(key[0]), template_kwargs, key[0])
 
                 try:
-                    self._codecs[key] = await loop.run_in_executor(self.executor, build)
+                    codec = await loop.run_in_executor(self.executor, build)
                 except (OSError, ValueError, TemplateMismatch) as err:
                     raise TokenizerUnavailable(
                         f"cannot load tokenizer {tokenizer_path!r}: {err}",
                         tokenizer_path=tokenizer_path,
                     ) from err
+                if self.tokenizer_pool is not None:
+                    # Each worker loads the tokenizer once, before the first episode needs it.
+                    warm = [
+                        loop.run_in_executor(
+                            self.tokenizer_pool, worker_call, key, "encode", "warm"
+                        )
+                        for _ in range(2 * self.settings.tokenizer_processes)
+                    ]
+                    await asyncio.gather(*warm)
+                self._codecs[key] = codec
+                # The tokenizer's hundreds of thousands of long-lived objects leave the cyclic
+                # collector's view: a full collection would otherwise stall the loop.
+                gc.freeze()
         return self._codecs[key]
 
     def _spec(self, start: pb.EpisodeStart) -> EpisodeSpec:
@@ -202,6 +238,7 @@ class EpisodeRunner:
             chat_policy=chat_policy,
             judge=judge,
             write_artifacts=artifacts,
+            tokenizer_pool=self.tokenizer_pool,
         )
         self.running[spec.episode_id] = episode
 

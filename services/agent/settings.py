@@ -19,6 +19,11 @@ class AgentSettings(ServiceSettings):
     pool_tls_ca_file: str | None = Field(None, description="CA of the pool's TLS certificate")
     lease_wait_s: float = Field(600.0, description="how long an episode waits for a sandbox")
     cpu_threads: int = Field(8, description="threads for tokenization and template rendering")
+    tokenizer_processes: int = Field(
+        0,
+        description="worker processes for tokenization (HF tokenizers hold the GIL, so threads"
+        " would stall the event loop); 0 tokenizes in the CPU threads",
+    )
     max_episodes: int = Field(1024, description="episodes this process runs at once")
     policy_request_timeout_s: float = Field(
         600.0, description="limit on one policy call when the request sets none"

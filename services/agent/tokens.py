@@ -20,6 +20,7 @@ manager trimmed it (see context.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +38,11 @@ class ChatCodec:
     Thread-safe to use from a thread pool (the tokenizer is only read).
     """
 
-    def __init__(self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None, path: str = ""
+    ) -> None:
         self.tokenizer = tokenizer
+        self.path = path  # where the tokenizer came from (worker processes load it again)
         self.template_kwargs = dict(template_kwargs or {})
         base = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
         without = self._render(base, generation_prompt=False)
@@ -203,3 +207,26 @@ class Trajectory:
                 record.logprobs += [0.0] * len(unit.delta_ids)
         record.weight_versions = [v for r in self.turn_records for v in r.weight_versions]
         return record
+
+
+# -- worker processes ---------------------------------------------------------------------------
+# HF tokenizers hold the GIL while they encode, so tokenizing in a thread still stalls the event
+# loop of a busy agent. With `tokenizer_processes` the agent tokenizes in worker processes
+# instead; each worker builds its own ChatCodec per (tokenizer path, template kwargs) once.
+
+_WORKER_CODECS: dict[tuple[str, str], ChatCodec] = {}
+
+
+def codec_key(tokenizer_path: str, template_kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    return (tokenizer_path, json.dumps(dict(template_kwargs), sort_keys=True))
+
+
+def worker_call(key: tuple[str, str], method: str, *args: Any) -> Any:
+    """Runs `ChatCodec.<method>(*args)` in a worker process (module-level, so it pickles)."""
+    codec = _WORKER_CODECS.get(key)
+    if codec is None:
+        from swerl.chassis.hf import load_tokenizer
+
+        codec = ChatCodec(load_tokenizer(key[0]), json.loads(key[1]), key[0])
+        _WORKER_CODECS[key] = codec
+    return getattr(codec, method)(*args)
