@@ -9,8 +9,8 @@ import time
 
 import grpc
 import pytest
-
 from agent_testkit import TOKENIZER_DIR, bundled_tasks, result_of, start_for
+
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
