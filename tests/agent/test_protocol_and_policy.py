@@ -1,0 +1,85 @@
+"""The agent protocol (bash blocks, submission, observations) and the SGLang reply parser."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swerl.agent.config import load_config
+from swerl.agent.errors import UnknownConfig
+from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
+from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
+
+
+def test_exactly_one_bash_block_is_an_action() -> None:
+    assert parse_action("Look.\n\n```bash\nls -la\n```").command == "ls -la"
+    assert parse_action("no block at all").command is None
+    two = parse_action("```bash\nls\n```\nand\n```bash\npwd\n```")
+    assert two.command is None and two.n_blocks == 2
+    assert parse_action("```python\nprint(1)\n```").command is None
+
+
+def test_blocks_inside_the_reasoning_do_not_count() -> None:
+    text = "<think>maybe ```bash\nrm -rf /\n```</think>\nSo:\n```bash\ngit status\n```"
+    assert parse_action(text).command == "git status"
+
+
+def test_submission_needs_the_sentinel_first_and_exit_zero() -> None:
+    out = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\ndiff --git a/x b/x\n"
+    assert submission(out, 0) == "diff --git a/x b/x\n"
+    assert submission(out, 1) is None
+    assert submission("hello\nCOMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n", 0) is None
+
+
+def test_long_output_keeps_head_and_tail_with_an_elision_note() -> None:
+    config = load_config()
+    output = "A" * 6000 + "B" * 6000
+    text = render_observation(
+        config, exit_code=3, output=output, timed_out=False, timeout_s=180, turns_left=None
+    )
+    assert "<returncode>3</returncode>" in text and "2000 characters elided" in text
+    assert "A" * 5000 in text and "B" * 5000 in text and "A" * 5001 not in text
+    short = render_observation(
+        config, exit_code=0, output="ok\n", timed_out=True, timeout_s=180, turns_left=2
+    )
+    assert "killed" in short and "2 turns left" in short
+    assert "held\n2" in render_format_error(config, n_blocks=2, turns_left=10)
+
+
+def test_unknown_config_names_are_refused() -> None:
+    with pytest.raises(UnknownConfig):
+        load_config("../etc/passwd")
+
+
+def test_generate_reply_gives_exact_ids_logprobs_and_finish_reason() -> None:
+    body = {
+        "text": "hi",
+        "meta_info": {
+            "output_token_logprobs": [[-0.5, 11, None], [-1.25, 22, "x"]],
+            "finish_reason": {"type": "length", "length": 2},
+            "weight_version": "7",
+            "prompt_tokens": 5,
+        },
+    }
+    gen = parse_generate_reply(json.dumps(body).encode())
+    assert gen.output_ids == [11, 22] and gen.logprobs == [-0.5, -1.25]
+    assert gen.finish_reason == "length" and gen.weight_version == "7"
+    abort = dict(body, meta_info=dict(body["meta_info"], finish_reason={"type": "abort"}))
+    assert parse_generate_reply(json.dumps(abort).encode()).finish_reason == "abort"
+    with pytest.raises(PolicyUnavailable):
+        parse_generate_reply(json.dumps({"text": "no logprobs", "meta_info": {}}).encode())
+
+
+def test_request_body_passes_sampling_params_through_and_sets_max_new_tokens() -> None:
+    params = {"temperature": 0.7, "top_k": 20, "stop": ["</x>"], "max_new_tokens": 99}
+    policy = SglangPolicy(None, "http://h:1", params, request_timeout_s=5)  # type: ignore[arg-type]
+    first = json.loads(policy._body([1, 2, 3], 512))
+    assert first == {
+        "input_ids": [1, 2, 3],
+        "sampling_params": {**params, "max_new_tokens": 512},
+        "return_logprob": True,
+    }
+    assert json.loads(policy._body([1, 2, 3, 4], 512))["input_ids"] == [1, 2, 3, 4]
+    assert json.loads(policy._body([9, 8], 512))["input_ids"] == [9, 8]  # after a trim
+    assert params["max_new_tokens"] == 99  # the caller's dict is not touched
