@@ -4,6 +4,8 @@ back-to-back stress that guards against a lost exit (a hang) in the in-container
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import shlex
 import time
 
 import grpc
@@ -60,6 +62,19 @@ async def test_a_short_command_ends_with_its_output_and_exit_in_order(node, sand
         assert exit_.exit_code == 4
     await call.done_writing()
     assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_a_command_larger_than_a_pipe_buffer_arrives_whole(node, sandbox):
+    # The command line is framed by its length and may span many pipe writes; non-ASCII text
+    # and quotes survive the quoting.
+    payload = ("ab'c\\é\n" * 40_000)[:300_000]
+    command = f"printf %s {shlex.quote(payload)} | sha256sum"
+    async with node.client.commands(sandbox.sandbox_id) as shell:
+        result = await shell.run(command)
+        after = await shell.run("echo next")
+    expected = hashlib.sha256(payload.encode()).hexdigest()
+    assert result.stdout.split()[0].decode() == expected
+    assert after.stdout == b"next\n"
 
 
 async def test_commands_on_one_call_keep_isolated_and_session_modes(node, sandbox):
