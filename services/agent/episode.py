@@ -204,16 +204,24 @@ class Episode:
             )
             agent_started = time.monotonic()
             loop = asyncio.get_running_loop().create_task(self._agent_loop(sandbox))
+            # One watcher per episode (not per call): a lost lease stops the loop at once.
+            lost = asyncio.ensure_future(sandbox.lost.wait())
             try:
-                done, _ = await asyncio.wait({loop}, timeout=spec.wall_timeout_s)
-                if not done:
+                done, _ = await asyncio.wait(
+                    {loop, lost}, timeout=spec.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if loop in done:
+                    loop.result()
+                else:
                     loop.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await loop
+                    if lost in done:
+                        reason, message = sandbox.lost_detail()
+                        raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
                     self._end(S.EPISODE_STATUS_LIMIT_TIME)
-                else:
-                    loop.result()
             finally:
+                lost.cancel()
                 if not loop.done():
                     loop.cancel()
                 self.clock.agent_s = time.monotonic() - agent_started
@@ -267,15 +275,11 @@ class Episode:
                 except ContextExhausted as err:
                     self._end(S.EPISODE_STATUS_LIMIT_CONTEXT, "", str(err))
                     return
-                gen = await self._guarded(
-                    sandbox, self._token_policy.generate(prompt, spec.max_new_tokens)
-                )
+                gen = await self._token_policy.generate(prompt, spec.max_new_tokens)
             else:
                 assert self._chat_policy is not None
                 prompt = []
-                gen = await self._guarded(
-                    sandbox, self._chat_policy.chat(self.messages, spec.max_new_tokens)
-                )
+                gen = await self._chat_policy.chat(self.messages, spec.max_new_tokens)
             model_s = time.monotonic() - started
             self.clock.model_s += model_s
             if gen.finish_reason == "abort":
@@ -329,11 +333,8 @@ class Episode:
             return pb.EpisodeTurn(format_error=True)
         env = {**config.env, **spec.env}
         started = time.monotonic()
-        result = await self._guarded(
-            sandbox,
-            sandbox.run(
-                action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
-            ),
+        result = await sandbox.run(
+            action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
         )
         exec_s = time.monotonic() - started
         self.clock.env_s += exec_s

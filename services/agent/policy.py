@@ -118,6 +118,13 @@ class SglangPolicy:
         self._max_delay_s = connect_max_delay_s
         self._sent: list[int] = []
         self._sent_json = ""
+        # Built once per episode: building a retry policy costs more than a turn's bookkeeping.
+        self._retrying = async_retrying(
+            max_attempts=connect_attempts,
+            max_delay_s=connect_max_delay_s,
+            max_wait_s=2.0,
+            retry_on=_connect_failed,
+        )
 
     def _body(self, input_ids: list[int], max_new_tokens: int) -> bytes:
         # Consecutive prompts of an episode extend each other (until the context is trimmed):
@@ -145,12 +152,7 @@ class SglangPolicy:
 
     async def _post(self, body: bytes) -> bytes:
         try:
-            async for attempt in async_retrying(
-                max_attempts=self._attempts,
-                max_delay_s=self._max_delay_s,
-                max_wait_s=2.0,
-                retry_on=_connect_failed,
-            ):
+            async for attempt in self._retrying.copy():
                 with attempt:
                     async with self._session.post(
                         self._url,
