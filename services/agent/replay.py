@@ -111,6 +111,8 @@ class ReplayStats:
     requests: int = 0
     garbage: int = 0
     prompt_tokens: list[int] = field(default_factory=list)
+    # With keep_requests: every request's input_ids and the ids answered, in arrival order.
+    requests_seen: list[tuple[list[int], list[int]]] = field(default_factory=list)
 
 
 class ReplayPolicyServer:
@@ -126,6 +128,7 @@ class ReplayPolicyServer:
         host: str = "127.0.0.1",
         port: int = 0,
         threads: int = 4,
+        keep_requests: bool = False,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
@@ -136,6 +139,7 @@ class ReplayPolicyServer:
         self.host = host
         self.port = port
         self.stats = ReplayStats()
+        self.keep_requests = keep_requests
         self.end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="replay")
         self._encoded: dict[str, list[int]] = {}
@@ -199,6 +203,8 @@ class ReplayPolicyServer:
             ids = [*self._encoded[reply], self.end_of_turn]
         if len(ids) > max_new:
             ids, finish = ids[:max_new], "length"
+        if self.keep_requests:
+            self.stats.requests_seen.append((input_ids, list(ids)))
         meta = {
             "output_token_logprobs": [[replay_logprob(i), t, None] for i, t in enumerate(ids)],
             "finish_reason": {"type": finish},

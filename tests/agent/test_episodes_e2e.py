@@ -125,3 +125,31 @@ async def test_garbage_policy_ends_in_format_errors_and_limit_turns() -> None:
     check_record(result.trajectory, replay)
     assert result.metrics["tool_calls"] == 0
     assert sandboxes_left() == []
+
+
+async def test_dynamic_history_records_are_the_exact_ids_sent_even_when_trimmed() -> None:
+    task = bundled_tasks()[0]
+    key = next(iter(scripts_for_tasks([task])))
+    looks = [f"Looking.\n\n```bash\nseq {i} {i + 150}\n```" for i in range(12)]
+    replay = ReplayPolicyServer({key: looks}, keep_requests=True)
+    url = await replay.start()
+    start = start_for(task, url, "trim", max_turns=12, dynamic_history=True)
+    start.limits.max_context_tokens = 4096
+    start.limits.max_new_tokens = 512
+    try:
+        async with agent_stack() as env:
+            messages = await run_to_result(env.stub, start)
+    finally:
+        await replay.stop()
+    result = result_of(messages)
+    turns = [m.turn for m in messages if m.WhichOneof("kind") == "turn"]
+    assert result.status == pb.EPISODE_STATUS_LIMIT_TURNS
+    assert any(t.context_trimmed for t in turns)
+    seen = replay.stats.requests_seen
+    assert len(result.turns) == len(seen) == 12
+    for record, (sent, answered) in zip(result.turns, seen, strict=True):
+        check_record(record, replay)
+        assert list(record.prompt_ids) == sent
+        assert list(record.response_ids) == answered
+        assert len(record.prompt_ids) + 512 <= 4096
+    assert sandboxes_left() == []
