@@ -200,34 +200,49 @@ class _Keeper:
         if not self.leases:
             return
         call = self._pool.stub.KeepAlive()
-        writer = asyncio.get_running_loop().create_task(self._write(call))
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(self._write(call))
+        reader = loop.create_task(self._read(call))
         try:
-            async for response in call:
-                kind = response.WhichOneof("kind")
-                if kind == "expiry_batch":
-                    for expiry in response.expiry_batch.expiries:
-                        if (lease := self.leases.get(expiry.lease_id)) is not None:
-                            lease._apply(expiry)
-                elif kind == "expiry":
-                    if (lease := self.leases.get(response.expiry.lease_id)) is not None:
-                        lease._apply(response.expiry)
-                elif kind == "lost":
-                    reason = pb.LeaseLossReason.Name(response.lost.reason)
-                    self._lose(
-                        response.lost.lease_id,
-                        reason.removeprefix("LEASE_LOSS_REASON_"),
-                        response.lost.message,
-                    )
-                if not self.leases:
-                    return
+            # Whichever ends first ends the session: a writer that stopped (its stream broke)
+            # must not leave a reader waiting on a stream that renews nothing.
+            done, _ = await asyncio.wait({writer, reader}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                reader.result()  # Raises the stream's error (UNAVAILABLE is retried).
+            elif self.leases and (exc := writer.exception()) is not None:
+                log.warning("pool.keepalive_write_failed", error=repr(exc))
         finally:
-            writer.cancel()
-            with contextlib.suppress(BaseException):
-                await writer
+            for task in (writer, reader):
+                task.cancel()
+            for task in (writer, reader):
+                with contextlib.suppress(BaseException):
+                    await task
             call.cancel()
 
+    async def _read(self, call: Any) -> None:
+        # read() rather than `async for`: the reader is cancelled from outside, and a
+        # cancelled async generator of the call would be closed later from another task.
+        while (response := await call.read()) is not grpc.aio.EOF:
+            kind = response.WhichOneof("kind")
+            if kind == "expiry_batch":
+                for expiry in response.expiry_batch.expiries:
+                    if (lease := self.leases.get(expiry.lease_id)) is not None:
+                        lease._apply(expiry)
+            elif kind == "expiry":
+                if (lease := self.leases.get(response.expiry.lease_id)) is not None:
+                    lease._apply(response.expiry)
+            elif kind == "lost":
+                reason = pb.LeaseLossReason.Name(response.lost.reason)
+                self._lose(
+                    response.lost.lease_id,
+                    reason.removeprefix("LEASE_LOSS_REASON_"),
+                    response.lost.message,
+                )
+            if not self.leases:
+                return
+
     async def _write(self, call: Any) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        with contextlib.suppress(grpc.aio.AioRpcError):
             while self.leases:
                 now = time.monotonic()
                 due = [lease for lease in self.leases.values() if lease.next_renew <= now]

@@ -350,10 +350,27 @@ class Pool:
                 self._add_node(node_id, address, 0, {})
             elif not node_id:
                 self._spawn(self._register_static(address))
+        # Known nodes are synced before the pool answers anyone: a holder renewing right after
+        # a restart must find its lease adopted, not be told it does not exist.
+        await self._initial_sync()
         self._tasks = [
             loop.create_task(self._expiry_loop(), name="pool.expiry"),
             loop.create_task(self._maintenance_loop(), name="pool.maintenance"),
         ]
+
+    async def _initial_sync(self) -> None:
+        async def one(node: Node) -> None:
+            try:
+                await self._sync(node)
+            except Exception as exc:  # Down or refusing: its health loop keeps trying.
+                log.warning("pool.initial_sync_failed", node_id=node.node_id, error=str(exc))
+
+        nodes = [n for n in self.nodes.values() if n.state not in (N_DRAINED,)]
+        if nodes:
+            await asyncio.wait(
+                [asyncio.ensure_future(one(n)) for n in nodes],
+                timeout=self.settings.initial_sync_timeout_s,
+            )
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._background]
@@ -916,7 +933,7 @@ class Pool:
             self._secret,
             lease_id=lease.lease_id,
             sandbox_id=lease.sandbox_id,
-            expire_time=lease.expire_time,
+            expire_time=lease.expire_time + self.settings.token_grace_s,
         )
 
     # -- keepalive ------------------------------------------------------------------------

@@ -47,6 +47,16 @@ class PoolSettings(ServiceSettings):
     image_refresh_interval_s: float = Field(30.0, gt=0, description="node image list refresh")
     spare_ttl_s: float = Field(600.0, gt=0, description="node-side lifetime of a warm spare")
     node_call_timeout_s: float = Field(60.0, gt=0, description="deadline of calls to nodes")
+    initial_sync_timeout_s: float = Field(
+        10.0, ge=0, description="how long a starting pool waits to re-read its known nodes"
+    )
+    token_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="capability tokens stay valid this long past their lease's expiry, so a"
+        " command stream opened with one outlives the renewal that replaced it (the exec"
+        " client reopens its calls every 60 s and reads the current token then)",
+    )
     release_wait_s: float = Field(
         5.0, ge=0, description="how long ReleaseLease waits for the node's destroy confirmation"
     )
