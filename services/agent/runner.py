@@ -148,6 +148,11 @@ class EpisodeRunner:
         for name in ("max_turns", "max_context_tokens", "max_new_tokens"):
             if getattr(limits, name) < 0:
                 raise InvalidEpisodeStart(f"limits.{name} is negative", field=f"limits.{name}")
+        prm_endpoint = start.prm.endpoint or (self.settings.prm_endpoint or "")
+        if start.prm.enabled and not prm_endpoint:
+            raise InvalidEpisodeStart(
+                "prm.enabled needs prm.endpoint (or the agent's --prm-endpoint)", field="prm"
+            )
         params = sampling_params_of(MessageToDict(start.policy.sampling_params))
         max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
         prm = start.prm
@@ -174,7 +179,7 @@ class EpisodeRunner:
             owner=opts.owner,
             prm=PrmSpec(
                 enabled=prm.enabled,
-                endpoint=prm.endpoint or (self.settings.prm_endpoint or ""),
+                endpoint=prm_endpoint,
                 m=prm.m,
                 coef=prm.coef,
                 seed=prm.seed,
@@ -222,7 +227,7 @@ class EpisodeRunner:
             )
         judge: StepJudge | None = None
         if spec.prm.enabled and self._judge_factory is not None:
-            judge = self._judge_factory(spec.prm)
+            judge = self._judge_factory(spec.prm, spec.episode_id)
         queue: asyncio.Queue[pb.RunEpisodeResponse] = asyncio.Queue()
 
         async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:

@@ -45,6 +45,16 @@ class AgentServer:
                 tls_ca_file=settings.pool_tls_ca_file,
             )
             provider = PoolSandboxProvider(self._pool, lease_wait_s=settings.lease_wait_s)
+        self._prm = None
+        if judge_factory is None:
+            # PRM judging over PrmService (swerl.prm); channels open only when an episode asks.
+            from swerl.prm.agent_judge import PrmJudgeFactory
+
+            prm_token = settings.prm_auth_token or settings.auth_token
+            self._prm = judge_factory = PrmJudgeFactory(
+                token=prm_token.get_secret_value() if prm_token else None,
+                default_endpoint=settings.prm_endpoint,
+            )
         self.runner = EpisodeRunner(settings, provider, judge_factory=judge_factory)
         self.server = GrpcServer(settings, name="agent")
         self.server.add_service(
@@ -65,6 +75,8 @@ class AgentServer:
 
     async def _shutdown(self) -> None:
         await self.runner.close()
+        if self._prm is not None:
+            await self._prm.close()
         if self._pool is not None:
             await self._pool.close()
 
@@ -76,7 +88,9 @@ class AgentServer:
 
 
 @contextlib.asynccontextmanager
-async def local_agent(pool_address: str, token: str, **settings: Any) -> AsyncIterator[AgentServer]:
+async def local_agent(
+    pool_address: str, token: str, *, judge_factory: Any = None, **settings: Any
+) -> AsyncIterator[AgentServer]:
     """An agent service on a loopback port, leasing from the pool at `pool_address`."""
     values: dict[str, Any] = {
         "host": "127.0.0.1",
@@ -87,7 +101,7 @@ async def local_agent(pool_address: str, token: str, **settings: Any) -> AsyncIt
         "drain_grace_s": 1.0,
         **settings,
     }
-    server = AgentServer(AgentSettings(**values))
+    server = AgentServer(AgentSettings(**values), judge_factory=judge_factory)
     await server.start()
     try:
         yield server

@@ -41,6 +41,9 @@ class AgentSettings(ServiceSettings):
         None, description="API key for POLICY_API_OPENAI_CHAT servers"
     )
     prm_endpoint: str | None = Field(None, description="PrmService host:port for PRM judging")
+    prm_auth_token: SecretStr | None = Field(
+        None, description="bearer token for PrmService (default: this agent's auth token)"
+    )
     artifact_root: str | None = Field(
         None, description="when set, artifact_dir of requests must lie below it"
     )

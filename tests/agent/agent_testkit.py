@@ -35,9 +35,13 @@ class AgentStack:
 
 
 @contextlib.asynccontextmanager
-async def agent_stack(max_sandboxes: int = 8, **agent_settings) -> AsyncIterator[AgentStack]:
+async def agent_stack(
+    max_sandboxes: int = 8, judge_factory=None, **agent_settings
+) -> AsyncIterator[AgentStack]:
     async with local_stack(nodes=1, max_sandboxes=max_sandboxes, purpose="agent-test") as stack:
-        async with local_agent(stack.pool_address, stack.token, **agent_settings) as agent:
+        async with local_agent(
+            stack.pool_address, stack.token, judge_factory=judge_factory, **agent_settings
+        ) as agent:
             channel = make_channel(agent.address, token=stack.token)
             try:
                 yield AgentStack(stack, agent, agent_pb2_grpc.AgentServiceStub(channel), channel)

@@ -153,3 +153,47 @@ async def test_dynamic_history_records_are_the_exact_ids_sent_even_when_trimmed(
         assert list(record.response_ids) == answered
         assert len(record.prompt_ids) + 512 <= 4096
     assert sandboxes_left() == []
+
+
+class _FakeJudge:
+    """A StepJudge behind the agent's Protocol: score = 0.1 x (turn index + 1)."""
+
+    def __init__(self) -> None:
+        self.judged: list[int] = []
+
+    async def judge(self, step):
+        self.judged.append(step.turn_index)
+        return pb.STEP_SCORE_STATE_SCORED, 0.1 * (step.turn_index + 1), 3
+
+
+async def test_prm_scores_are_keyed_by_turn_and_format_errors_are_not_judged() -> None:
+    task = bundled_tasks()[0]
+    key, script = next(iter(scripts_for_tasks([task]).items()))
+    script = [script[0], "I forgot the block this time.", *script[1:]]
+    judge = _FakeJudge()
+    replay = ReplayPolicyServer({key: script})
+    url = await replay.start()
+    results = []
+    try:
+        async with agent_stack(judge_factory=lambda spec, episode_id: judge) as env:
+            for dynamic in (False, True):
+                start = start_for(task, url, f"prm-{dynamic}", dynamic_history=dynamic)
+                start.prm.enabled, start.prm.coef, start.prm.endpoint = True, 0.5, "unused:1"
+                results.append(result_of(await run_to_result(env.stub, start)))
+    finally:
+        await replay.stop()
+    for result in results:
+        assert result.status == pb.EPISODE_STATUS_SUBMITTED and result.reward == 1.0
+        states = [(s.turn_index, s.state) for s in result.step_scores]
+        assert states == [
+            (0, pb.STEP_SCORE_STATE_SCORED),
+            (1, pb.STEP_SCORE_STATE_NOT_JUDGED),
+            (2, pb.STEP_SCORE_STATE_SCORED),
+            (3, pb.STEP_SCORE_STATE_SCORED),
+            (4, pb.STEP_SCORE_STATE_SCORED),
+        ]
+        assert abs(result.step_scores[2].score - 0.3) < 1e-9
+    whole, per_turn = results
+    assert abs(whole.trajectory.reward - (1.0 + 0.5 * (0.1 + 0.3 + 0.4 + 0.5) / 4)) < 1e-9
+    assert [round(r.reward, 6) for r in per_turn.turns] == [1.05, 1.0, 1.15, 1.2, 1.25]
+    assert sandboxes_left() == []

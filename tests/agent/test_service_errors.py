@@ -79,7 +79,15 @@ async def test_a_stream_without_start_is_invalid_argument(agent) -> None:
 
 @pytest.mark.parametrize(
     "field",
-    ["episode_id", "image_name", "endpoint", "tokenizer_path", "fail_to_pass", "negative_turns"],
+    [
+        "episode_id",
+        "image_name",
+        "endpoint",
+        "tokenizer_path",
+        "fail_to_pass",
+        "negative_turns",
+        "prm_without_endpoint",
+    ],
 )
 async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -> None:
     stub, _, _ = agent
@@ -94,6 +102,8 @@ async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -
         start.policy.tokenizer_path = ""
     elif field == "fail_to_pass":
         del start.instance.fail_to_pass[:]
+    elif field == "prm_without_endpoint":
+        start.prm.enabled = True
     else:
         start.limits.max_turns = -1
     code, reason = await _refused(stub, [pb.RunEpisodeRequest(start=start)])
