@@ -418,13 +418,14 @@ class Episode:
                     )
         finally:
             self.clock.eval_s = time.monotonic() - started
-        self._emit(pb.RunEpisodeResponse(evaluation=self.report))
-        if self.report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
+        report = self.report
+        assert report is not None
+        self._emit(pb.RunEpisodeResponse(evaluation=report))
+        if report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
             raise EpisodeInfraError(
-                "EVALUATION_INFRA_ERROR",
-                f"{self.report.error_reason}: {self.report.error_message}",
+                "EVALUATION_INFRA_ERROR", f"{report.error_reason}: {report.error_message}"
             )
-        resolved = self.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+        resolved = report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
         self.reward = 1.0 if resolved else -1.0
 
     # -- PRM seam ------------------------------------------------------------------------------
