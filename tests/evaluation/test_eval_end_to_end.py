@@ -198,3 +198,51 @@ def test_bad_invocations_exit_2_with_a_reason(tmp_path):
         text=True,
     )
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+async def test_eval_uses_running_services_with_agent_or_pool(tmp_path):
+    import asyncio
+
+    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+    from swerl.agent.server import local_agent
+    from swerl.pool.server import local_stack
+
+    tasks = [t for t in load_tasks(TASKS) if t.instance_id in ALL[:2]]
+    replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
+    url = await replay.start()
+    try:
+        async with (
+            local_stack(nodes=1, purpose="eval-remote") as stack,
+            local_agent(stack.pool_address, stack.token) as agent,
+        ):
+            common = ["--policy-url", url, "--token", stack.token, "--no-build"]
+            via_agent = await asyncio.to_thread(
+                _eval,
+                "-o",
+                str(tmp_path / "a"),
+                "--agent",
+                agent.address,
+                "--slice",
+                "0:1",
+                *common,
+            )
+            via_pool = await asyncio.to_thread(
+                _eval,
+                "-o",
+                str(tmp_path / "p"),
+                "--pool",
+                stack.pool_address,
+                "--slice",
+                "1:2",
+                *common,
+            )
+    finally:
+        await replay.stop()
+    assert via_agent.returncode == 0, via_agent.stdout + via_agent.stderr
+    assert via_pool.returncode == 0, via_pool.stdout + via_pool.stderr
+    (remote,) = _records(tmp_path / "a")
+    (pooled,) = _records(tmp_path / "p")
+    assert remote["instance_id"] == ALL[0] and remote["resolved"]
+    assert remote["artifact_dir"] == ""  # a remote agent writes artifacts only when asked
+    assert pooled["instance_id"] == ALL[1] and pooled["resolved"]
+    assert await asyncio.to_thread(os.path.isdir, pooled["artifact_dir"])
