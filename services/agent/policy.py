@@ -57,6 +57,13 @@ def _connect_failed(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientConnectorError)
 
 
+def connect_retrying(attempts: int, max_delay_s: float) -> Any:
+    """swerl's retry policy for policy HTTP calls: connection failures only."""
+    return async_retrying(
+        max_attempts=attempts, max_delay_s=max_delay_s, max_wait_s=2.0, retry_on=_connect_failed
+    )
+
+
 async def _in_pool(executor: Executor | None, fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
@@ -108,6 +115,7 @@ class SglangPolicy:
         executor: Executor | None = None,
         connect_attempts: int = 4,
         connect_max_delay_s: float = 10.0,
+        retrying: Any = None,
     ) -> None:
         self._session = session
         self._url = endpoint.rstrip("/") + "/generate"
@@ -118,13 +126,9 @@ class SglangPolicy:
         self._max_delay_s = connect_max_delay_s
         self._sent: list[int] = []
         self._sent_json = ""
-        # Built once per episode: building a retry policy costs more than a turn's bookkeeping.
-        self._retrying = async_retrying(
-            max_attempts=connect_attempts,
-            max_delay_s=connect_max_delay_s,
-            max_wait_s=2.0,
-            retry_on=_connect_failed,
-        )
+        # Building a retry policy costs more than a turn's bookkeeping: the agent passes one
+        # shared template, copied per call.
+        self._retrying = retrying or connect_retrying(connect_attempts, connect_max_delay_s)
 
     def _body(self, input_ids: list[int], max_new_tokens: int) -> bytes:
         # Consecutive prompts of an episode extend each other (until the context is trimmed):

@@ -25,7 +25,7 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
-from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy
+from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
@@ -71,6 +71,9 @@ class EpisodeRunner:
         self._codecs: dict[tuple[str, str], ChatCodec] = {}
         self._codec_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.running: dict[str, Episode] = {}
+        self._policy_retrying = connect_retrying(
+            settings.policy_connect_attempts, settings.policy_connect_max_delay_s
+        )
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -210,8 +213,7 @@ class EpisodeRunner:
                 spec.sampling_params,
                 request_timeout_s=spec.request_timeout_s,
                 executor=self.executor,
-                connect_attempts=settings.policy_connect_attempts,
-                connect_max_delay_s=settings.policy_connect_max_delay_s,
+                retrying=self._policy_retrying,
             )
         else:
             key = settings.openai_api_key

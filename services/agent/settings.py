@@ -20,7 +20,7 @@ class AgentSettings(ServiceSettings):
     lease_wait_s: float = Field(600.0, description="how long an episode waits for a sandbox")
     cpu_threads: int = Field(8, description="threads for tokenization and template rendering")
     tokenizer_processes: int = Field(
-        0,
+        2,
         description="worker processes for tokenization (HF tokenizers hold the GIL, so threads"
         " would stall the event loop); 0 tokenizes in the CPU threads",
     )

@@ -38,6 +38,8 @@ class AgentStack:
 async def agent_stack(
     max_sandboxes: int = 8, judge_factory=None, **agent_settings
 ) -> AsyncIterator[AgentStack]:
+    # Tokenizing in threads keeps the tests' start-up short; the e2e gold test uses processes.
+    agent_settings.setdefault("tokenizer_processes", 0)
     async with local_stack(nodes=1, max_sandboxes=max_sandboxes, purpose="agent-test") as stack:
         async with local_agent(
             stack.pool_address, stack.token, judge_factory=judge_factory, **agent_settings

@@ -28,7 +28,7 @@ async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) 
     replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
     url = await replay.start()
     try:
-        async with agent_stack() as env:
+        async with agent_stack(tokenizer_processes=2) as env:
             import asyncio
 
             runs = await asyncio.gather(

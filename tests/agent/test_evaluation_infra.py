@@ -61,7 +61,9 @@ async def _run(report: evaluate_pb2.EvaluationReport) -> tuple[pb.EpisodeResult,
     url = await replay.start()
     provider = _Provider(report)
     server = AgentServer(
-        AgentSettings(host="127.0.0.1", port=0, auth_token="t", log_level="warning"),
+        AgentSettings(
+            host="127.0.0.1", port=0, auth_token="t", log_level="warning", tokenizer_processes=0
+        ),
         provider=provider,
     )
     await server.start()

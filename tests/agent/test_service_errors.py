@@ -41,7 +41,9 @@ class WaitingProvider:
 async def agent():
     provider = WaitingProvider()
     server = AgentServer(
-        AgentSettings(host="127.0.0.1", port=0, auth_token=TOKEN, log_level="warning"),
+        AgentSettings(
+            host="127.0.0.1", port=0, auth_token=TOKEN, log_level="warning", tokenizer_processes=0
+        ),
         provider=provider,
     )
     await server.start()
