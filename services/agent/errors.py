@@ -27,6 +27,13 @@ class EpisodeRunning(SwerlError):
     reason = "EPISODE_RUNNING"
 
 
+class AgentAtCapacity(SwerlError):
+    """The agent runs max_episodes already; another agent (or later) can take the episode."""
+
+    code = "RESOURCE_EXHAUSTED"
+    reason = "AGENT_AT_CAPACITY"
+
+
 class EpisodeInfraError(Exception):
     """Infrastructure failed during an episode; the episode ends INFRA_ERROR with `reason`."""
 
@@ -37,6 +44,7 @@ class EpisodeInfraError(Exception):
 
 
 __all__ = [
+    "AgentAtCapacity",
     "EpisodeInfraError",
     "EpisodeRunning",
     "InvalidEpisodeStart",

@@ -20,6 +20,7 @@ from swerl.agent.artifacts import write_artifacts
 from swerl.agent.config import load_config
 from swerl.agent.episode import Episode, EpisodeSpec, PrmSpec, StepJudge, sampling_params_of
 from swerl.agent.errors import (
+    AgentAtCapacity,
     EpisodeRunning,
     InvalidEpisodeStart,
     StartRequired,
@@ -200,6 +201,11 @@ class EpisodeRunner:
         if spec.episode_id in self.running:
             raise EpisodeRunning(
                 f"episode {spec.episode_id} is running", episode_id=spec.episode_id
+            )
+        if len(self.running) >= self.settings.max_episodes:
+            raise AgentAtCapacity(
+                f"this agent runs {len(self.running)} episodes (max_episodes)",
+                max_episodes=self.settings.max_episodes,
             )
         settings = self.settings
         codec = token_policy = chat_policy = None

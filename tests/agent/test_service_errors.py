@@ -175,3 +175,33 @@ async def test_cancelling_the_call_stops_the_episode(agent) -> None:
 
 def test_the_bundled_tokenizer_is_the_one_the_tests_use() -> None:
     assert TOKENIZER_DIR.endswith("tokenizer_files")
+
+
+async def test_an_agent_at_max_episodes_refuses_more() -> None:
+    provider = WaitingProvider()
+    server = AgentServer(
+        AgentSettings(
+            host="127.0.0.1",
+            port=0,
+            auth_token=TOKEN,
+            log_level="warning",
+            tokenizer_processes=0,
+            max_episodes=1,
+        ),
+        provider=provider,
+    )
+    await server.start()
+    channel = make_channel(server.address, token=TOKEN)
+    try:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        call = stub.RunEpisode(timeout=30)
+        await call.write(pb.RunEpisodeRequest(start=_start("first")))
+        await asyncio.wait_for(provider.entered.wait(), 20)
+        assert await _refused(stub, [pb.RunEpisodeRequest(start=_start("second"))]) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "AGENT_AT_CAPACITY",
+        )
+        call.cancel()
+    finally:
+        await channel.close()
+        await server.stop(0)
