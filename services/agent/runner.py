@@ -236,7 +236,7 @@ class EpisodeRunner:
         judge: StepJudge | None = None
         if spec.prm.enabled and self._judge_factory is not None:
             judge = self._judge_factory(spec.prm, spec.episode_id)
-        queue: asyncio.Queue[pb.RunEpisodeResponse] = asyncio.Queue()
+        queue: asyncio.Queue[pb.RunEpisodeResponse | None] = asyncio.Queue()
 
         async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:
             return await write_artifacts(episode, result, self.executor)
@@ -262,18 +262,12 @@ class EpisodeRunner:
 
         listener = asyncio.ensure_future(listen())
         work = asyncio.ensure_future(episode.run())
+        # The end of the episode is one more queue item, so each message costs one queue get.
+        work.add_done_callback(lambda _: queue.put_nowait(None))
         try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, work}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield getter.result()
-                    continue
-                getter.cancel()
-                while not queue.empty():
-                    yield queue.get_nowait()
-                yield pb.RunEpisodeResponse(result=work.result())
-                return
+            while (message := await queue.get()) is not None:
+                yield message
+            yield pb.RunEpisodeResponse(result=work.result())
         finally:
             listener.cancel()
             if not work.done():
