@@ -17,18 +17,12 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_format, settings.log_level)
 
     async def main() -> None:
-        from swerl.prm.agent_judge import PrmJudgeFactory
-
-        # PRM-enabled episodes judge their turns through PrmService (the deployment's token).
-        token = settings.auth_token.get_secret_value() if settings.auth_token else None
-        judges = PrmJudgeFactory(token=token, default_endpoint=settings.prm_endpoint)
-        server = AgentServer(settings, judge_factory=judges)
-        try:
-            port = await server.start()
-            print(f"swerl agent serving on {settings.host}:{port}", flush=True)
-            await server.serve_until_signal()
-        finally:
-            await judges.close()
+        # AgentServer judges PRM-enabled episodes through PrmService itself (PrmJudgeFactory
+        # with --prm-endpoint and --prm-auth-token, default the agent's own token).
+        server = AgentServer(settings)
+        port = await server.start()
+        print(f"swerl agent serving on {settings.host}:{port}", flush=True)
+        await server.serve_until_signal()
 
     asyncio.run(main())
     return 0
