@@ -330,6 +330,7 @@ class Pool:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task] = set()
         self._maintain_now = asyncio.Event()
+        self._stopping = False
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -373,13 +374,15 @@ class Pool:
             )
 
     async def stop(self) -> None:
+        self._stopping = True
         tasks = [*self._tasks, *self._background]
         tasks += [n.health_task for n in self.nodes.values() if n.health_task is not None]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            # Bounded: asyncio.wait_for in Python < 3.12 can swallow a cancellation that races
+            # its inner future; the loops also stop on _stopping.
+            await asyncio.wait(tasks, timeout=5.0)
         for node in self.nodes.values():
             with contextlib.suppress(Exception):
                 await node.conn.close()
@@ -1245,7 +1248,7 @@ class Pool:
 
     # -- maintenance ----------------------------------------------------------------------
     async def _maintenance_loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(
                     self._maintain_now.wait(), timeout=self.settings.maintenance_interval_s
