@@ -143,6 +143,9 @@ class Lease:
     ended_time: float = 0.0
     ready: asyncio.Future[Lease] | None = None
     waiters: int = 0
+    # Set once a caller has received the lease (an AcquireLease answer or a KeepAlive watch);
+    # an unclaimed lease whose callers all went away is released after a grace period.
+    claimed: bool = False
     avoid: set[str] = field(default_factory=set)
     watchers: set[Watcher] = field(default_factory=set)
     destroying: asyncio.Task[None] | None = None
@@ -751,7 +754,9 @@ class Pool:
             raise
         finally:
             lease.waiters -= 1
-        return lease.ready.result()
+        result = lease.ready.result()
+        result.claimed = True
+        return result
 
     def _drop_queued(self, lease: Lease, reason: str) -> None:
         self._queue.remove(lease)
@@ -888,10 +893,18 @@ class Pool:
         self._update_lease_metrics()
         if lease.ready is not None and not lease.ready.done():
             lease.ready.set_result(lease)
-        if lease.waiters == 0 and not lease.request_id:  # Nobody will ever hold it.
-            self._end(lease, RELEASED, "the caller went away")
+        if lease.waiters == 0:
+            if not lease.request_id:  # Nobody will ever hold it.
+                self._end(lease, RELEASED, "the caller went away")
+            else:  # The caller left mid-create; a retry with its request_id may still claim it.
+                self._spawn(self._release_if_unclaimed(lease))
         if spare is not None:
             self._maintain_now.set()  # Refill.
+
+    async def _release_if_unclaimed(self, lease: Lease) -> None:
+        await asyncio.sleep(self.settings.unclaimed_grace_s)
+        if lease.state == ACTIVE and not lease.claimed and not lease.watchers:
+            self._end(lease, RELEASED, "every AcquireLease caller went away before it was ready")
 
     def _create_request(self, lease: Lease) -> CreateRequest:
         labels = {**lease.spec.labels, LABEL_TTL: f"{lease.ttl_s:g}"}
@@ -959,6 +972,7 @@ class Pool:
             return None
         watcher.leases.add(lease_id)
         lease.watchers.add(watcher)
+        lease.claimed = True
         if lease.state == ACTIVE:
             watcher.events.put_nowait(Expiry(lease_id, lease.expire_time, lease.token))
         return lease

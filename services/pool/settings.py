@@ -60,4 +60,11 @@ class PoolSettings(ServiceSettings):
     release_wait_s: float = Field(
         5.0, ge=0, description="how long ReleaseLease waits for the node's destroy confirmation"
     )
+    unclaimed_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="a lease whose AcquireLease callers all left while its sandbox was being"
+        " made is released this long after it is ready unless a retry with the same request_id"
+        " or a KeepAlive claims it",
+    )
     ended_retention_s: float = Field(300.0, ge=0, description="ENDED leases kept for ListLeases")

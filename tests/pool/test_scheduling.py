@@ -184,6 +184,43 @@ async def test_same_request_id_returns_the_same_lease(sim):
     assert len(sim.nodes["a:1"].sandboxes) == 1
 
 
+async def _cancel_mid_create(sim, request_id: str):
+    """Starts an acquire on a slow node and cancels it while the sandbox is being made."""
+    node = await sim.add("slow", create_latency_s=0.4)
+    task = asyncio.create_task(sim.acquire(request_id=request_id))
+    await eventually(lambda: node.calls.get("create", 0) == 1, 2.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    (lease,) = [lease for lease in sim.pool.leases.values() if lease.request_id == request_id]
+    return node, lease
+
+
+async def test_lease_whose_caller_cancelled_mid_create_is_released_after_the_grace(tmp_path):
+    sim = Sim(tmp_path, unclaimed_grace_s=0.3)
+    await sim.pool.start()
+    try:
+        node, lease = await _cancel_mid_create(sim, "r-gone")
+        await eventually(lambda: lease.state == ACTIVE, 2.0)
+        await eventually(lambda: lease.state == ENDED, 3.0)
+        assert node.sandboxes == {}, "the sandbox of an abandoned acquire must be destroyed"
+    finally:
+        await sim.pool.stop()
+
+
+async def test_retry_with_the_same_request_id_claims_a_lease_made_after_a_cancel(tmp_path):
+    sim = Sim(tmp_path, unclaimed_grace_s=0.5)
+    await sim.pool.start()
+    try:
+        node, lease = await _cancel_mid_create(sim, "r-back")
+        again = await sim.acquire(request_id="r-back")
+        assert again.lease_id == lease.lease_id
+        await asyncio.sleep(0.8)
+        assert lease.state == ACTIVE and len(node.sandboxes) == 1
+    finally:
+        await sim.pool.stop()
+
+
 async def test_bad_requests_are_refused(sim):
     await sim.add("a")
     with pytest.raises(InvalidLeaseRequest):
