@@ -200,6 +200,8 @@ def _ray_env() -> dict[str, str] | None:
 def test_ray_actor_owned_by_the_job_driver_takes_the_services_along(base_image, tmp_path, ending):
     env = _ray_env()
     if env is None:
+        # scripts/test (and so CI) always sets SWERL_RAY_SITE: there, a missing Ray is a failure.
+        assert not os.environ.get("SWERL_RAY_SITE"), "SWERL_RAY_SITE is set but ray does not import"
         pytest.skip("ray is not importable (set SWERL_RAY_SITE to a dir holding it)")
     spec = exec_node_spec(tmp_path)
     # Ray's socket paths must stay short (AF_UNIX), so not under pytest's long tmp_path.
