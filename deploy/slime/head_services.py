@@ -20,6 +20,7 @@ Two ways to run them, both used by deploy/slime/run-qwen3-8b-grpo.sh:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import os
 import signal
@@ -45,12 +46,33 @@ class ServiceSpec:
 
 
 def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM when the process that started it (the actor) dies, even by
-    # SIGKILL, so services never outlive their owner.
+    # Linux: the child gets SIGTERM when the thread that started it dies (see _popen: a thread
+    # that lives as long as the actor process), even by SIGKILL, so services never outlive it.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
     os.setsid()  # own process group, so a stop signal reaches the service's children too
+
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not its process, and Ray
+# runs actor methods on threads that may come and go (seen: a service got SIGTERM 0.4 s after
+# `start` returned). Every service is therefore forked from one thread that lives as long as the
+# actor process: an idle ThreadPoolExecutor worker never exits on its own.
+_SPAWNER: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _popen(argv: list[str], env: dict[str, str], log) -> subprocess.Popen[bytes]:
+    global _SPAWNER
+    if _SPAWNER is None:
+        _SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swerl-spawner")
+    return _SPAWNER.submit(
+        subprocess.Popen,
+        argv,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_die_with_parent,
+    ).result()
 
 
 class HeadServices:
@@ -70,13 +92,7 @@ class HeadServices:
         try:
             for spec in self.specs:
                 with open(self.log_dir / f"{spec.name}.log", "ab") as log:
-                    self._procs[spec.name] = subprocess.Popen(
-                        spec.argv,
-                        env={**os.environ, **spec.env},
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        preexec_fn=_die_with_parent,
-                    )
+                    self._procs[spec.name] = _popen(spec.argv, {**os.environ, **spec.env}, log)
                 address = f"{spec.host}:{spec.port}"
                 self._wait_ready(spec, address, ready_timeout_s)
                 addresses[spec.name] = address

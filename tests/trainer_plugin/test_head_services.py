@@ -171,6 +171,7 @@ ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=tmp
 actor, addresses = hs.start_actor([hs.ServiceSpec(name="exec", argv=argv, port=port)], logs, 60)
 print(json.dumps(ray.get(actor.pids.remote())), flush=True)
 if sys.argv[3] == "stop":
+    sys.stdin.readline()  # the test says when, after it has seen the service alive
     print(json.dumps(ray.get(actor.stop.remote(20))), flush=True)
     ray.shutdown()
 else:
@@ -209,6 +210,7 @@ def test_ray_actor_owned_by_the_job_driver_takes_the_services_along(base_image, 
     config = [spec.argv, spec.port, str(tmp_path / "logs"), ray_tmp]
     driver = subprocess.Popen(
         [sys.executable, "-c", RAY_DRIVER, str(ROOT / "deploy/slime"), json.dumps(config), ending],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -219,6 +221,8 @@ def test_ray_actor_owned_by_the_job_driver_takes_the_services_along(base_image, 
         service_pid = _json_line(driver)["exec"]
         assert not _gone(service_pid, 0.5)
         if ending == "stop":
+            driver.stdin.write("stop\n")
+            driver.stdin.flush()
             assert _json_line(driver) == {"exec": 0}
             driver.wait(60)
         else:
