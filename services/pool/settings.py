@@ -57,6 +57,16 @@ class PoolSettings(ServiceSettings):
         " command stream opened with one outlives the renewal that replaced it (the exec"
         " client reopens its calls every 60 s and reads the current token then)",
     )
+    token_reissue_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="a renewal keeps the lease's token while it stays valid token_grace_s past"
+        " the new expiry; a new token runs this fraction of the lease's ttl longer, so a holder"
+        " renewing every second costs one HMAC per ttl x fraction seconds instead of one per"
+        " renewal (tokens are valid token_grace_s to token_grace_s + ttl x fraction past the"
+        " lease's expiry; 0 mints on every renewal)",
+    )
     release_wait_s: float = Field(
         5.0, ge=0, description="how long ReleaseLease waits for the node's destroy confirmation"
     )

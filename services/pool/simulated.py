@@ -3,6 +3,10 @@ and the 1,000-node benchmark: sandboxes are dict entries, so only the pool's own
 
 `down = True` makes every call fail as unreachable and breaks the health watch, as a killed node
 would; `fail_destroy = True` makes destroys fail while the node stays up.
+
+A renewal only stores a float (`expire_times`): a real node keeps its sandboxes in another
+process, so renewing thousands a second must not fill the pool process with new objects (which
+its garbage collector would then have to walk).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import replace
 
 from swerl.pool.errors import (
     NodeFull,
@@ -36,6 +41,8 @@ class SimulatedNode:
         self.image_names = set(images)
         self.create_latency_s = create_latency_s
         self.sandboxes: dict[str, SandboxFacts] = {}
+        # The current expiry of each sandbox; its facts' expire_time is the one at create/bind.
+        self.expire_times: dict[str, float] = {}
         self._by_request: dict[str, str] = {}
         self.down = False
         self.fail_destroy = False
@@ -63,7 +70,7 @@ class SimulatedNode:
         self._enter("create")
         existing = self._by_request.get(request.request_id)
         if existing in self.sandboxes:
-            return self.sandboxes[existing]
+            return self._current(existing)
         if request.image not in self.image_names:
             raise NodeImageMissing(f"{request.image} not on {self.node_id}")
         if len(self.sandboxes) >= self.capacity:
@@ -83,16 +90,24 @@ class SimulatedNode:
             labels=dict(request.labels),
         )
         self.sandboxes[facts.sandbox_id] = facts
+        self.expire_times[facts.sandbox_id] = facts.expire_time
         self._by_request[request.request_id] = facts.sandbox_id
         return facts
+
+    def _current(self, sandbox_id: str) -> SandboxFacts:
+        facts = self.sandboxes[sandbox_id]
+        expire_time = self.expire_times.get(sandbox_id, facts.expire_time)
+        if facts.expire_time == expire_time:
+            return facts
+        return replace(facts, expire_time=expire_time)
 
     def _replace(self, sandbox_id: str, **changes) -> SandboxFacts:
         old = self.sandboxes.get(sandbox_id)
         if old is None:
             raise NodeSandboxGone(f"no sandbox {sandbox_id} on {self.node_id}")
-        fields = {**old.__dict__, **changes}
-        facts = SandboxFacts(**fields)
+        facts = replace(old, **changes)
         self.sandboxes[sandbox_id] = facts
+        self.expire_times[sandbox_id] = facts.expire_time
         return facts
 
     async def bind(
@@ -109,17 +124,21 @@ class SimulatedNode:
 
     async def renew(self, sandbox_id: str, ttl_s: float) -> float:
         self._enter("renew")
-        return self._replace(sandbox_id, expire_time=time.time() + ttl_s).expire_time
+        if sandbox_id not in self.sandboxes:
+            raise NodeSandboxGone(f"no sandbox {sandbox_id} on {self.node_id}")
+        expire_time = self.expire_times[sandbox_id] = time.time() + ttl_s
+        return expire_time
 
     async def destroy(self, sandbox_id: str) -> bool:
         self._enter("destroy")
         if self.fail_destroy:
             raise NodeUnreachable(f"simulated destroy failure on {self.node_id}")
+        self.expire_times.pop(sandbox_id, None)
         return self.sandboxes.pop(sandbox_id, None) is not None
 
     async def list_sandboxes(self) -> list[SandboxFacts]:
         self._enter("list")
-        return list(self.sandboxes.values())
+        return [self._current(sandbox_id) for sandbox_id in self.sandboxes]
 
     async def watch_health(self) -> AsyncIterator[bool]:
         self._enter("watch")

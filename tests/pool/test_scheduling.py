@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from swerl.chassis import capability
 from swerl.pool.errors import ImageNotPresent, InvalidLeaseRequest, NodeNotFound, PoolAtCapacity
 from swerl.pool.leases import (
     ACTIVE,
@@ -15,6 +16,7 @@ from swerl.pool.leases import (
     N_DRAINED,
     N_DRAINING,
     RELEASING,
+    RENEW_SLICE,
     AcquireRequest,
     Expiry,
     ExpiryBatch,
@@ -339,3 +341,115 @@ async def test_batched_renewal_answers_once_and_reports_ended_leases(sim):
     assert [e.lease_id for e in lost] == [ended.lease_id]
     assert len(batches) == 1
     assert {e.lease_id for e in batches[0].expiries} == {x.lease_id for x in alive}
+
+
+async def test_renewals_keep_the_token_while_it_covers_the_grace_then_issue_a_new_one(tmp_path):
+    sim = Sim(tmp_path, token_grace_s=60.0, token_reissue_fraction=0.25)
+    await sim.pool.start()
+    try:
+        await sim.add("a")
+        lease = await sim.acquire(ttl_s=8)
+        secret = b"s3cret"
+
+        def check_token(ttl_s: float) -> None:
+            # Valid for the lease's sandbox at least token_grace_s past the lease's expiry, and
+            # at most a further ttl x fraction (the ttl it was minted with: 8 x 0.25 = 2 s).
+            claims = capability.verify(secret, lease.token)
+            assert (claims.lease_id, claims.sandbox_id) == (lease.lease_id, lease.sandbox_id)
+            assert claims.expire_time >= lease.expire_time + 60.0
+            assert claims.expire_time <= lease.expire_time + 60.0 + ttl_s * 0.25 + 0.001
+
+        check_token(8)
+        first = lease.token
+        watcher = sim.pool.open_watcher()
+        await sim.pool.renew_batch(watcher, [(lease.lease_id, 9)])  # 1 s further: kept.
+        assert lease.token == first
+        check_token(8)
+        await sim.pool.renew_batch(watcher, [(lease.lease_id, 12)])  # 4 s further: new one.
+        assert lease.token != first
+        check_token(12)
+        batches = [watcher.events.get_nowait() for _ in range(watcher.events.qsize())]
+        assert [b.expiries[0].token for b in batches] == [first, lease.token]
+    finally:
+        await sim.pool.stop()
+
+
+async def test_reissue_fraction_zero_mints_a_token_on_every_renewal(tmp_path):
+    sim = Sim(tmp_path, token_reissue_fraction=0.0)
+    await sim.pool.start()
+    try:
+        await sim.add("a")
+        lease = await sim.acquire(ttl_s=8)
+        watcher = sim.pool.open_watcher()
+        seen = {lease.token}
+        for ttl in (8.1, 8.2, 8.3):
+            await sim.pool.renew_batch(watcher, [(lease.lease_id, ttl)])
+            seen.add(lease.token)
+            claims = capability.verify(b"s3cret", lease.token)
+            assert claims.expire_time == pytest.approx(lease.expire_time + 60.0, abs=0.001)
+        assert len(seen) == 4
+    finally:
+        await sim.pool.stop()
+
+
+async def test_only_leases_that_are_not_renewed_expire(sim):
+    await sim.add("a")
+    renewed = [await sim.acquire(ttl_s=0.3) for _ in range(3)]
+    left = [await sim.acquire(ttl_s=0.3) for _ in range(3)]
+    watcher = sim.pool.open_watcher()
+    deadline = time.monotonic() + 1.2  # Four lifetimes: every expiry entry comes due and moves.
+    while time.monotonic() < deadline:
+        await sim.pool.renew_batch(watcher, [(x.lease_id, 0.3) for x in renewed])
+        await asyncio.sleep(0.1)
+    assert all(x.state == ACTIVE for x in renewed)
+    assert all(x.state == ENDED and x.loss_reason == "EXPIRED" for x in left)
+
+
+async def test_a_large_renewal_batch_lets_other_work_run_between_slices(tmp_path):
+    sim = Sim(tmp_path)
+    await sim.pool.start()
+    try:
+        await sim.add("a", capacity=3 * RENEW_SLICE)
+        leases = [await sim.acquire(ttl_s=30) for _ in range(3 * RENEW_SLICE)]
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        watcher = sim.pool.open_watcher()
+        await sim.pool.renew_batch(watcher, [(x.lease_id, 30) for x in leases])
+        task.cancel()
+        assert ticks - before >= 2, "the batch ran in one piece"
+        batch = watcher.events.get_nowait()
+        assert len(batch.expiries) == len(leases) and watcher.events.empty()
+    finally:
+        await sim.pool.stop()
+
+
+async def test_ended_leases_are_listed_until_the_retention_passes(tmp_path):
+    sim = Sim(tmp_path, ended_retention_s=0.3)
+    await sim.pool.start()
+    try:
+        await sim.add("a")
+        lease = await sim.acquire()
+        await sim.pool.release(lease.lease_id)
+        assert lease.state == ENDED
+        assert [x.lease_id for x in sim.pool.list_leases(states=[ENDED])] == [lease.lease_id]
+        await eventually(lambda: lease.lease_id not in sim.pool.leases, 2.0)
+    finally:
+        await sim.pool.stop()
+
+
+async def test_simulated_node_reports_the_renewed_expiry(sim):
+    node = await sim.add("a")
+    lease = await sim.acquire(ttl_s=5)
+    expire_time = await node.renew(lease.sandbox_id, 100)
+    [facts] = await node.list_sandboxes()
+    assert facts.expire_time == expire_time > time.time() + 99
+    assert facts.lease_id == lease.lease_id
