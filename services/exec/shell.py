@@ -135,39 +135,60 @@ Event = Started | Output | Exit
 
 
 class MarkerScanner:
-    """Splits stdout into data and `\\0SWERL:<token>:...\\0` markers."""
+    """Splits stdout into data and `\\0SWERL:<id>:<body>\\0` markers.
+
+    A marker counts when its id is the supervisor's token or, for the early end marker W, the
+    one-time end id of the command running now (`end_id`); anything else that looks like one is
+    output, byte for byte.
+    """
+
+    START = b"\0SWERL:"
+    # Longer than any marker we write: a "marker" that runs on past this is output.
+    MAX_MARKER = 128
 
     def __init__(self, token: str) -> None:
-        self.prefix = b"\0SWERL:" + token.encode() + b":"
+        self.token = token.encode()
+        self.end_id = b""
         self._buf = b""
 
     def feed(self, data: bytes) -> list[tuple[bool, bytes]]:
         """(False, data) for output and (True, body) for markers, in order."""
         buf = self._buf + data if self._buf else data
+        self._buf = b""
         out: list[tuple[bool, bytes]] = []
-        start = 0
+        start = search = 0
         while True:
-            i = buf.find(self.prefix, start)
+            i = buf.find(self.START, search)
             if i < 0:
                 break
-            end = buf.find(b"\0", i + len(self.prefix))
-            if end < 0:  # the marker is not complete yet
-                if i > start:
-                    out.append((False, buf[start:i]))
-                self._buf = buf[i:]
-                return out
+            end = buf.find(b"\0", i + len(self.START), i + self.MAX_MARKER)
+            if end < 0:
+                if len(buf) - i < self.MAX_MARKER:  # the marker is not complete yet
+                    if i > start:
+                        out.append((False, buf[start:i]))
+                    self._buf = buf[i:]
+                    return out
+                search = i + 1  # too long to be a marker
+                continue
+            marker_id, _, body = buf[i + len(self.START) : end].partition(b":")
+            if marker_id != self.token and not (
+                marker_id == self.end_id and self.end_id and body.startswith(b"W:")
+            ):
+                search = i + 1  # looks like one, but is not ours: output
+                continue
             if i > start:
                 out.append((False, buf[start:i]))
-            out.append((True, buf[i + len(self.prefix) : end]))
-            start = end + 1
+            out.append((True, body))
+            start = search = end + 1
         # Hold back a tail that could be the beginning of a marker split across reads.
         keep = 0
-        nul = buf.rfind(b"\0", max(start, len(buf) - len(self.prefix) + 1))
-        if nul >= 0 and self.prefix.startswith(buf[nul:]):
+        nul = buf.rfind(b"\0", max(start, len(buf) - len(self.START) + 1))
+        if nul >= 0 and self.START.startswith(buf[nul:]):
             keep = len(buf) - nul
         if len(buf) - keep > start:
             out.append((False, buf[start : len(buf) - keep]))
-        self._buf = buf[len(buf) - keep :] if keep else b""
+        if keep:
+            self._buf = buf[len(buf) - keep :]
         return out
 
 
@@ -197,9 +218,16 @@ class Supervisor:
         # Bytes of command lines the stdin pipe could not take yet, written when it drains.
         self._pending: bytearray | None = None
         self.paused = False
-        # Where output goes: the running command's handler, or nowhere between commands.
+        # Where output and markers go: the running command's handlers, or nowhere between
+        # commands.
         self.sink: Callable[[int, bytes], None] | None = None
+        self.on_marker: Callable[[bytes], None] | None = None
         self.on_eof: Callable[[], None] | None = None
+        # Set when a command ended by its early end marker W: until the supervisor's E for it,
+        # what arrives is its survivors' (dropped), and the next command's line is held back,
+        # so that command cannot start before the node has seen that E.
+        self.awaiting_end = False
+        self._held: bytearray | None = None
         self._loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[int] | None = None
         self._early = b""
@@ -307,19 +335,47 @@ class Supervisor:
                 if match:
                     self._ready.set_result(int(match.group(1)))
             return
-        if self.sink is not None:
-            self.sink(stream, data)
+        if stream == STDERR:
+            if self.sink is not None and not self.awaiting_end:
+                self.sink(STDERR, data)
+            return
+        for is_marker, payload in self.scanner.feed(data):
+            if self.awaiting_end:
+                if is_marker and payload.startswith(b"E:"):
+                    self._end_seen()
+            elif is_marker:
+                if self.on_marker is not None:
+                    self.on_marker(payload)
+            elif self.sink is not None:
+                self.sink(STDOUT, payload)
 
     def drain_stderr(self) -> None:
-        """Reads what the command left in the stderr FIFO (called once its E marker arrived)."""
-        while self.sink is not None:
+        """Reads what the command left in the stderr FIFO (called once its end marker arrived);
+        with no command to take it, it is dropped."""
+        while True:
             try:
                 data = os.read(self.fd_err, READ_CHUNK)
             except (BlockingIOError, OSError):
                 return
             if not data:
                 return
-            self.sink(STDERR, data)
+            if self.sink is not None:
+                self.sink(STDERR, data)
+
+    def ended_early(self) -> None:
+        """The running command ended by its W marker: wait for the supervisor's E."""
+        self.awaiting_end = True
+        self.scanner.end_id = b""
+
+    def _end_seen(self) -> None:
+        self.awaiting_end = False
+        # What survivors wrote to stderr after W: no command's (the next one has not started).
+        sink, self.sink = self.sink, None
+        self.drain_stderr()
+        self.sink = sink
+        held, self._held = self._held, None
+        if held:
+            self.send(bytes(held))
 
     def _eof(self) -> None:
         self.close()
@@ -364,6 +420,11 @@ class Supervisor:
     def send(self, data: bytes) -> None:
         """Writes to the shell's stdin without waiting: what the pipe cannot take now is written,
         in order, as it drains. A shell found gone is handled as its end of output."""
+        if self.awaiting_end:
+            if self._held is None:
+                self._held = bytearray()
+            self._held += data
+            return
         if self._pending is not None:
             self._pending += data
             return
@@ -396,6 +457,7 @@ class Supervisor:
         if self.dead:
             return
         self.dead = True
+        self._held = None
         if self._pending is not None:
             self._pending = None
             with contextlib.suppress(Exception):
@@ -504,9 +566,9 @@ class SandboxShell:
     def current_pgid(self, nonce: str) -> int:
         """The process group of the command with this nonce, once it has been forked."""
         with contextlib.suppress(OSError, ValueError):
-            # "<nonce> <pgid> <deadline_us> ." (see supervisor.sh)
+            # "<nonce> <pgid> <deadline_us> <nonce>", overwritten in place (see supervisor.sh)
             fields = (self.io_dir / "pgid").read_text().split()
-            if len(fields) == 4 and fields[0] == nonce and fields[3] == ".":
+            if len(fields) == 4 and fields[0] == nonce and fields[3] in (nonce, "."):
                 return int(fields[1])
         return 0
 
@@ -564,6 +626,8 @@ class CommandRun:
         self._shell = shell
         self.spec = spec
         self.nonce = f"{_NONCE_PREFIX}{next(_nonces):x}"
+        # The id of this command's early end marker W (see supervisor.sh): one-time, unguessable.
+        self._end_id = secrets.token_hex(8)
         self._items: collections.deque[object] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._sup: Supervisor | None = None
@@ -590,6 +654,7 @@ class CommandRun:
                     b"%012.3f" % min(max(spec.timeout_s, 0.001), MAX_TIMEOUT_S),
                     b"s" if spec.session else b"i",
                     b"1" if spec.notify_started or spec.open_stdin else b"0",
+                    self._end_id.encode(),
                     bash_quote(spec.cwd) if spec.cwd else b"''",
                     bash_quote(stdin_path) if stdin_path else b"''",
                     bash_quote(env_script(spec.env)) if spec.env else b"''",
@@ -727,25 +792,22 @@ class CommandRun:
         if len(self._items) >= PAUSE_AT and self._sup is not None:
             self._sup.pause()
 
-    def _on_data(self, stream: int, data: bytes) -> None:
-        if stream == STDERR:
-            self._emit_output(STDERR, data)
-            return
-        assert self._sup is not None
-        for is_marker, payload in self._sup.scanner.feed(data):
-            if not is_marker:
-                self._emit_output(STDOUT, payload)
-            elif payload.startswith(b"E:"):
-                self._exit_code = int(payload[2:])
-                self._sup.drain_stderr()
-                self._finish(self._exit_code)
-                return
-            elif payload == b"T":
-                self._timed_out = True
-            elif payload.startswith(b"S:"):
-                self._put(Started(int(payload[2:])))
+    def _on_marker(self, payload: bytes) -> None:
+        sup = self._sup
+        assert sup is not None
+        kind = payload[:2]
+        if kind in (b"E:", b"W:"):
+            self._exit_code = int(payload[2:])
+            sup.drain_stderr()
+            if kind == b"W:":
+                sup.ended_early()
+            self._finish(self._exit_code)
+        elif payload == b"T":
+            self._timed_out = True
+        elif kind == b"S:":
+            self._put(Started(int(payload[2:])))
 
-    def _emit_output(self, stream: int, data: bytes) -> None:
+    def _on_output(self, stream: int, data: bytes) -> None:
         for out_stream, chunk in self._cap.feed(stream, data):
             self._put(Output(out_stream, chunk))
 
@@ -756,7 +818,7 @@ class CommandRun:
         sup = self._sup
         self._exit_code = 137
         if sup is not None:
-            sup.sink = sup.on_eof = None
+            sup.sink = sup.on_marker = sup.on_eof = None
             sup.close()
         self._shell.spawn(self._after_eof())
 
@@ -791,8 +853,9 @@ class CommandRun:
     def _release(self) -> None:
         self._state = _FINISHED
         sup = self._sup
-        if sup is not None and sup.sink == self._on_data:
-            sup.sink = sup.on_eof = None
+        if sup is not None and sup.sink == self._on_output:
+            sup.sink = sup.on_marker = sup.on_eof = None
+            sup.scanner.end_id = b""
         if self._backstop is not None:
             self._backstop.cancel()
         waiter = self._waiter
@@ -839,7 +902,8 @@ class CommandRun:
             return
         self._sup = sup
         loop = asyncio.get_running_loop()
-        sup.sink, sup.on_eof = self._on_data, self._on_eof
+        sup.sink, sup.on_marker, sup.on_eof = self._on_output, self._on_marker, self._on_eof
+        sup.scanner.end_id = self._end_id.encode()
         self._state = _RUNNING
         self._started_at = time.monotonic()
         self._backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop_fire)

@@ -27,9 +27,17 @@
 #   \0SWERL:<token>:S:<pgid>\0   the command started (only when the node asked for it)
 #   \0SWERL:<token>:T\0          the in-container timeout fired and killed the process group
 #   \0SWERL:<token>:E:<rc>\0     the command finished and every survivor of its group is dead
-# stderr carries no markers: when E arrives, everything the command wrote to stderr is already
-# in the stderr FIFO, so the node drains it. "<nonce> <pgid> <deadline_us> ." of the running
-# command is written to $__swerl_io/pgid for signals and the watchdog. Everything else is the command's own output, byte for byte.
+#   \0SWERL:<end id>:W:<rc>\0    the command finished: written by its worker as it exits, so
+#                                the node can answer before the worker's teardown and the E
+#                                that follows it (see __swerl_exit)
+# stderr carries no markers: when E (or W) arrives, everything the command wrote to stderr is
+# already in the stderr FIFO, so the node drains it. Everything else is the command's own output, byte
+# for byte.
+#
+# The running command's record, "<nonce> <pgid> <deadline_us> <nonce>" padded to a fixed width,
+# is in $__swerl_io/pgid for signals and the watchdog. It is overwritten in place (`1<>`, no
+# truncation: truncating a file costs ~0.1 ms of journal work on ext4, per command), so a
+# reader may catch a mix of two records; the nonce at both ends tells a whole record apart.
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
 # __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog's sleep and the
@@ -40,8 +48,8 @@ __swerl_dir=/tmp/.swerl
 command mkdir -p "$__swerl_dir" 2>/dev/null
 __swerl_session="$__swerl_dir/session.sh"
 
-# The watchdog is told nothing: each command's worker writes "<nonce> <pgid> <deadline_us> ."
-# to $__swerl_io/pgid as it starts (the node reads the same line for signals), and the watchdog
+# The watchdog is told nothing: each command's worker writes its record to $__swerl_io/pgid
+# as it starts (the node reads the same line for signals), and the watchdog
 # looks at it at least once a second, then sleeps until the deadline it found or for a second,
 # whichever is sooner. So a command pays no wake-up of the watchdog; a timeout of a second or
 # more fires on time, a shorter one within a second. Past its deadline, a command whose process
@@ -54,8 +62,8 @@ __swerl_watchdog() {
   exec 8<>"$__swerl_ctl" </dev/null >/dev/null 2>&1
   while kill -0 "$boss" 2>/dev/null; do
     left=1000000
-    # The trailing "." tells a whole line from one caught half-written.
-    if read -r n pgid dl end <"$__swerl_io/pgid" && [ "$end" = . ] && [ "$n" != "$handled" ]; then
+    # The nonce at both ends tells a whole record from one caught half-written.
+    if read -r n pgid dl end <"$__swerl_io/pgid" && [ "$end" = "$n" ] && [ "$n" != "$handled" ]; then
       now=${EPOCHREALTIME/./}
       if ((now >= dl)); then
         if kill -0 -- "-$pgid" 2>/dev/null; then
@@ -94,26 +102,43 @@ __swerl_save_session() {
   command mv -f "$__swerl_session.tmp" "$__swerl_session"
 }
 
-# A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) CWD STDIN_PATH ENV_SCRIPT COMMAND,
-# each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's process group.
+# The worker's EXIT trap. A SESSION command's state is saved first. Then, if the command ended
+# on its own (not through `exit`, errexit or a signal: those leave __swerl_rc unset) and stdout
+# is still the supervisor's FIFO, the early end marker W goes out with the command's status. Its
+# id ($1) is a one-time value the node made for this command alone, not the supervisor's token:
+# a command that reads it from `trap -p` can only end its own run early. A command that sets its
+# own EXIT trap replaces this one, and the supervisor's E is then its only end marker.
+__swerl_exit() {
+  [ "$__swerl_mode" = s ] && __swerl_save_session
+  [ -n "${__swerl_rc-}" ] && [ /proc/self/fd/1 -ef "/proc/$$/fd/1" ] &&
+    printf '\0SWERL:%s:W:%d\0' "$1" "$__swerl_rc"
+}
+
+# A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) END_ID CWD STDIN_PATH ENV_SCRIPT
+# COMMAND, each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's
+# process group.
 __swerl_command() {
-  local __n=$1 __t=$2 __m=$3 __no=$4 __cwd=$5 __in=${6:-/dev/null} __envs=$7 __cmd=$8
+  local __n=$1 __t=$2 __m=$3 __no=$4 __end=$5 __cwd=$6 __in=${7:-/dev/null} __envs=$8 __cmd=$9
   local __now=${EPOCHREALTIME/./}
-  printf '%s %d %d .\n' "$__n" "$BASHPID" \
-    $((__now + 10#${__t%.*} * 1000000 + 10#${__t#*.} * 1000)) >"$__swerl_io/pgid"
+  printf -v __now '%s %d %d %s' "$__n" "$BASHPID" \
+    $((__now + 10#${__t%.*} * 1000000 + 10#${__t#*.} * 1000)) "$__n"
+  printf '%-127s\n' "$__now" 1<>"$__swerl_io/pgid"
   exec <"$__in"
   [ "$__no" = 1 ] && printf '\0SWERL:%s:S:%d\0' "$__swerl_token" "$BASHPID"
   set +m
   trap - INT TERM QUIT HUP
   set --
+  __swerl_mode=$__m
+  trap "__swerl_exit $__end" EXIT
   if [ "$__m" = s ]; then
     [ -f "$__swerl_session" ] && builtin source "$__swerl_session" >/dev/null 2>&1
-    trap __swerl_save_session EXIT
   fi
   if [ -n "$__cwd" ]; then builtin cd -- "$__cwd" || exit 1; fi
   eval "$__envs"
-  unset __n __t __m __no __cwd __in __envs __swerl_token
+  unset __n __t __m __no __end __cwd __in __envs __swerl_token
   eval "$__cmd"
+  __swerl_rc=$?
+  exit "$__swerl_rc"
 }
 
 # $1: the fd of this worker's baton, $2: the fd of the next worker's.
