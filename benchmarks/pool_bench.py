@@ -291,7 +291,7 @@ def part_real(
 def serve_simulated(args: argparse.Namespace) -> None:
     """The pool process of part 2: a PoolServer whose nodes are in-process SimulatedNodes."""
     from swerl.chassis.logging import configure_logging
-    from swerl.pool.server import PoolServer
+    from swerl.pool.server import PoolServer, tune_garbage_collector
     from swerl.pool.settings import PoolSettings
     from swerl.pool.simulated import SimulatedNode
 
@@ -312,6 +312,7 @@ def serve_simulated(args: argparse.Namespace) -> None:
         )
         server = PoolServer(settings, connect=nodes.__getitem__)
         await server.start()
+        tune_garbage_collector(settings)  # As `swerl pool serve` does once started.
         for address, node in nodes.items():
             await server.pool.register_node(node.node_id, address, 0, {})
         print("ready", flush=True)

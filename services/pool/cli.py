@@ -11,7 +11,7 @@ from swerl.chassis.settings import add_settings_arguments, settings_from_args
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from swerl.pool.server import PoolServer
+    from swerl.pool.server import PoolServer, tune_garbage_collector
     from swerl.pool.settings import PoolSettings
 
     settings = settings_from_args(PoolSettings, args)
@@ -20,6 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         server = PoolServer(settings)
         port = await server.start()
+        tune_garbage_collector(settings)
         print(f"swerl pool serving on {settings.host}:{port}", flush=True)
         await server.serve_until_signal()
 

@@ -67,6 +67,15 @@ class PoolSettings(ServiceSettings):
         " renewal (tokens are valid token_grace_s to token_grace_s + ttl x fraction past the"
         " lease's expiry; 0 mints on every renewal)",
     )
+    gc_middle_threshold: int = Field(
+        100,
+        ge=0,
+        description="young collections between two collections of the garbage collector's"
+        " middle generation in `swerl pool serve` (Python's default is 10; 0 keeps it). Objects"
+        " still alive at a middle collection, such as every KeepAlive stream's pending read, move"
+        " to the oldest generation, and each full collection of it walks the whole lease table"
+        " (~100-200 ms at 20,000 leases) while every call waits",
+    )
     release_wait_s: float = Field(
         5.0, ge=0, description="how long ReleaseLease waits for the node's destroy confirmation"
     )
