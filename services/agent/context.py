@@ -12,10 +12,11 @@ O(new tokens) per turn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from swerl.agent.tokens import Unit
+from swerl.agent.tokens import Unit, token_array
 
 
 class ContextExhausted(Exception):
@@ -36,19 +37,21 @@ class ContextWindow:
 
     def __init__(
         self,
-        prompt_ids: list[int],
+        prompt_ids: Sequence[int],
         header_ids: list[int],
         marker_ids: Callable[[int], list[int]],
         policy: ContextPolicy,
     ) -> None:
-        self._first = prompt_ids
+        # Ids are int32 arrays (see tokens.py): appending, copying a prompt out and the
+        # policy's prefix check are memcpy-speed, and the garbage collector never walks them.
+        self._first = array("i", prompt_ids)
         self._header = header_ids
         self._marker_ids = marker_ids
         self.policy = policy
         self._units: list[Unit] = []
         self._head_end: int | None = None  # units [0, head_end) kept for good once cut
         self._tail_start = 0  # first unit after the omitted range
-        self._prompt: list[int] = list(prompt_ids)
+        self._prompt = array("i", prompt_ids)
         self.trims = 0
 
     @property
@@ -58,19 +61,19 @@ class ContextWindow:
     def append(self, unit: Unit) -> None:
         """A finished turn (its response and delta) joins the prompt."""
         self._units.append(unit)
-        self._prompt += unit.response_ids
-        self._prompt += unit.delta_ids
+        self._prompt.extend(token_array(unit.response_ids))
+        self._prompt.extend(token_array(unit.delta_ids))
 
-    def next_prompt(self, max_new_tokens: int) -> tuple[list[int], bool]:
-        """The prompt of the next turn (a fresh list) and whether it was trimmed just now.
+    def next_prompt(self, max_new_tokens: int) -> tuple[array, bool]:
+        """The prompt of the next turn (a fresh int32 array) and whether it was trimmed just now.
 
         Raises ContextExhausted when nothing that keeps the latest turn fits.
         """
         budget = self.policy.budget_tokens
         if budget <= 0 or len(self._prompt) + max_new_tokens <= budget:
-            return list(self._prompt), False
+            return self._prompt[:], False
         self._cut(max_new_tokens)
-        return list(self._prompt), True
+        return self._prompt[:], True
 
     def _cut(self, max_new_tokens: int) -> None:
         units = self._units
@@ -109,16 +112,16 @@ class ContextWindow:
 
     def _rebuild(self) -> None:
         assert self._head_end is not None
-        prompt = list(self._first)
+        prompt = self._first[:]
         for unit in self._units[: self._head_end]:
-            prompt += unit.response_ids
-            prompt += unit.delta_ids
+            prompt.extend(token_array(unit.response_ids))
+            prompt.extend(token_array(unit.delta_ids))
         # Every unit (and the first prompt) ends with the assistant header: the marker, a user
         # message, goes before it.
         del prompt[len(prompt) - len(self._header) :]
-        prompt += self._marker_ids(self.omitted_turns)
-        prompt += self._header
+        prompt.extend(self._marker_ids(self.omitted_turns))
+        prompt.extend(self._header)
         for unit in self._units[self._tail_start :]:
-            prompt += unit.response_ids
-            prompt += unit.delta_ids
+            prompt.extend(token_array(unit.response_ids))
+            prompt.extend(token_array(unit.delta_ids))
         self._prompt = prompt

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from swerl.agent.tokens import token_array
 from swerl.chassis.retry import async_retrying
 
 
@@ -43,7 +45,7 @@ class Generation:
 
 
 class TokenPolicy(Protocol):
-    async def generate(self, input_ids: list[int], max_new_tokens: int) -> Generation: ...
+    async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation: ...
 
 
 class ChatPolicy(Protocol):
@@ -103,7 +105,10 @@ def parse_generate_reply(body: bytes) -> Generation:
 
 
 class SglangPolicy:
-    """Client of SGLang's native `/generate` for one episode's sampling parameters."""
+    """Client of SGLang's native `/generate` for one episode's sampling parameters.
+
+    One call at a time (an episode's turns): it keeps the last prompt and its retry state.
+    """
 
     def __init__(
         self,
@@ -124,15 +129,22 @@ class SglangPolicy:
         self._executor = executor
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
-        self._sent: list[int] = []
+        self._sent = array("i")
         self._sent_json = ""
         # Building a retry policy costs more than a turn's bookkeeping: the agent passes one
-        # shared template, copied per call.
-        self._retrying = retrying or connect_retrying(connect_attempts, connect_max_delay_s)
+        # shared template, copied once per policy. An episode's calls come one at a time, and
+        # reusing one copy leaves no garbage, while a copy per call left ~28 objects in
+        # reference cycles per turn that only the cyclic collector frees (collector pauses of
+        # 10-20 ms on the agent's event loop at 256 episodes).
+        self._retrying = (
+            retrying or connect_retrying(connect_attempts, connect_max_delay_s)
+        ).copy()
 
-    def _body(self, input_ids: list[int], max_new_tokens: int) -> bytes:
+    def _body(self, input_ids: Sequence[int], max_new_tokens: int) -> bytes:
         # Consecutive prompts of an episode extend each other (until the context is trimmed):
-        # only the new ids are serialized, so a turn costs O(new tokens) here too.
+        # only the new ids are serialized, so a turn costs O(new tokens) here too. The prefix
+        # check compares int32 arrays (the agent's prompts are arrays already): memcmp speed.
+        input_ids = token_array(input_ids)
         sent = self._sent
         if sent and len(input_ids) >= len(sent) and input_ids[: len(sent)] == sent:
             new = input_ids[len(sent) :]
@@ -146,7 +158,7 @@ class SglangPolicy:
         body = f'{{"input_ids":[{ids_json}],"sampling_params":{params},"return_logprob":true}}'
         return body.encode()
 
-    async def generate(self, input_ids: list[int], max_new_tokens: int) -> Generation:
+    async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
         body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)
         raw = await self._post(body)
         try:
@@ -156,7 +168,7 @@ class SglangPolicy:
 
     async def _post(self, body: bytes) -> bytes:
         try:
-            async for attempt in self._retrying.copy():
+            async for attempt in self._retrying:
                 with attempt:
                     async with self._session.post(
                         self._url,

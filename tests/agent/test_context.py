@@ -26,6 +26,11 @@ def _window(budget: int) -> ContextWindow:
     return ContextWindow(list(FIRST), HEADER, _marker, ContextPolicy(budget))
 
 
+def _next_prompt(window: ContextWindow, max_new_tokens: int) -> tuple[list[int], bool]:
+    prompt, trimmed = window.next_prompt(max_new_tokens)  # an int32 array
+    return prompt.tolist(), trimmed
+
+
 def _turns_in(prompt: list[int]) -> list[int]:
     return [t - 20_000 for t in prompt if 20_000 <= t < 30_000]
 
@@ -34,7 +39,7 @@ def test_prompt_is_untouched_while_it_fits() -> None:
     window = _window(10_000)
     for i in range(5):
         window.append(_unit(i))
-    prompt, trimmed = window.next_prompt(100)
+    prompt, trimmed = _next_prompt(window, 100)
     assert not trimmed and _turns_in(prompt) == [0, 1, 2, 3, 4]
     assert prompt[: len(FIRST)] == FIRST
 
@@ -44,7 +49,7 @@ def test_trimming_keeps_problem_head_and_tail_of_whole_turns_with_a_marker() -> 
     prompts = []
     for i in range(40):
         window.append(_unit(i))
-        prompt, _ = window.next_prompt(200)
+        prompt, _ = _next_prompt(window, 200)
         assert len(prompt) + 200 <= 2_000
         assert prompt[: len(FIRST) - len(HEADER)] == FIRST[: -len(HEADER)]
         assert prompt[-len(HEADER) :] == HEADER
@@ -73,3 +78,14 @@ def test_problem_prompt_larger_than_budget_ends_the_context() -> None:
     window.append(_unit(0))
     with pytest.raises(ContextExhausted):
         window.next_prompt(1)
+
+
+def test_a_returned_prompt_is_a_copy_later_turns_leave_alone() -> None:
+    window = _window(10_000)
+    window.append(_unit(0))
+    prompt, _ = window.next_prompt(100)
+    before = prompt.tolist()
+    window.append(_unit(1))
+    later, _ = window.next_prompt(100)
+    assert prompt.tolist() == before and later.tolist()[: len(before)] == before
+    assert len(later) == len(before) + len(_unit(1))

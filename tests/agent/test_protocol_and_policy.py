@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
 import json
+from array import array
 
+import aiohttp
 import pytest
 
 from swerl.agent.config import load_config
 from swerl.agent.errors import UnknownConfig
 from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
+from swerl.agent.replay import ReplayPolicyServer
 
 
 def test_exactly_one_bash_block_is_an_action() -> None:
@@ -83,3 +87,35 @@ def test_request_body_passes_sampling_params_through_and_sets_max_new_tokens() -
     assert json.loads(policy._body([1, 2, 3, 4], 512))["input_ids"] == [1, 2, 3, 4]
     assert json.loads(policy._body([9, 8], 512))["input_ids"] == [9, 8]  # after a trim
     assert params["max_new_tokens"] == 99  # the caller's dict is not touched
+
+
+def test_request_body_is_the_same_for_lists_and_int32_arrays() -> None:
+    policy = SglangPolicy(None, "http://h:1", {}, request_timeout_s=5)  # type: ignore[arg-type]
+    from_list = SglangPolicy(None, "http://h:1", {}, request_timeout_s=5)  # type: ignore[arg-type]
+    prompts = [[5, 6, 7], [5, 6, 7, 70_000, 8], [5, 9]]
+    for ids in prompts:
+        assert policy._body(array("i", ids), 64) == from_list._body(ids, 64)
+
+
+async def test_policy_calls_leave_no_reference_cycles_behind() -> None:
+    # Garbage in cycles is freed only by the cyclic collector, whose pauses stall the agent's
+    # event loop: a turn must leave none (tenacity's state, once copied per call, did).
+    replay = ReplayPolicyServer({})
+    url = await replay.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            policy = SglangPolicy(session, url, {}, request_timeout_s=30)
+            await policy.generate(array("i", [1, 2, 3]), 8)  # first-call imports and caches
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for n in range(4, 8):
+                    await policy.generate(array("i", range(1, n)), 8)
+                gc.collect()
+                left = list(gc.garbage)
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+    finally:
+        await replay.stop()
+    assert left == []

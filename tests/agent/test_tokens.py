@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -9,6 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swerl.agent.context import ContextPolicy, ContextWindow
+from swerl.agent.runner import EpisodeRunner
+from swerl.agent.settings import AgentSettings
 from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
@@ -55,7 +58,7 @@ def test_token_stream_is_exactly_what_the_policy_saw_and_sampled(codec, turns, s
         expected = list(prompt)
         for unit in trajectory.units:
             expected += unit.response_ids + unit.delta_ids
-        assert sent == expected
+        assert sent.tolist() == expected
         ids = codec.encode(text) + ([codec.end_of_turn_id] if ended else [])
         logprobs = [-rng.random() for _ in ids]
         sampled.append((ids, logprobs))
@@ -97,7 +100,7 @@ def test_token_stream_is_exactly_what_the_policy_saw_and_sampled(codec, turns, s
         messages, tokenize=False, add_generation_prompt=True
     )
     if all(ended for _, ended, _ in turns):
-        assert codec.tokenizer.decode(final, skip_special_tokens=False) == rendered
+        assert codec.tokenizer.decode(final.tolist(), skip_special_tokens=False) == rendered
 
 
 def test_truncated_response_gets_the_end_of_turn_as_template_tokens(codec) -> None:
@@ -114,3 +117,16 @@ def test_record_check_rejects_masked_tokens_with_logprobs() -> None:
         record.check()
     with pytest.raises(AssertionError):
         TokenRecordData([1], [2, 3], [1], [-0.5]).check()
+
+
+def test_tokenizer_workers_give_the_cpu_to_the_event_loop_at_once() -> None:
+    # SCHED_IDLE: a worker is preempted as soon as the agent's loop thread wants the core.
+    settings = AgentSettings(insecure=True, port=0, tokenizer_processes=1, log_level="warning")
+    runner = EpisodeRunner(settings, provider=None)  # type: ignore[arg-type]
+    assert runner.tokenizer_pool is not None
+    try:
+        policy = runner.tokenizer_pool.submit(os.sched_getscheduler, 0).result(timeout=120)
+    finally:
+        runner.executor.shutdown()
+        runner.tokenizer_pool.shutdown()
+    assert policy == os.SCHED_IDLE
