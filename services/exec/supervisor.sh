@@ -29,10 +29,12 @@
 #   \0SWERL:<token>:E:<rc>\0     the command finished and every survivor of its group is dead
 #   \0SWERL:<end id>:W:<rc>\0    the command finished: written by its worker as it exits, so
 #                                the node can answer before the worker's teardown and the E
-#                                that follows it (see __swerl_exit)
+#                                that follows it (see __swerl_exit). The node drops what comes
+#                                between W and E (survivors' output) and writes the next
+#                                command only after that E.
 # stderr carries no markers: when E (or W) arrives, everything the command wrote to stderr is
-# already in the stderr FIFO, so the node drains it. Everything else is the command's own output, byte
-# for byte.
+# already in the stderr FIFO, so the node drains it. Everything else is the command's own
+# output, byte for byte.
 #
 # The running command's record, "<nonce> <pgid> <deadline_us> <nonce>" padded to a fixed width,
 # is in $__swerl_io/pgid for signals and the watchdog. It is overwritten in place (`1<>`, no
@@ -48,9 +50,9 @@ __swerl_dir=/tmp/.swerl
 command mkdir -p "$__swerl_dir" 2>/dev/null
 __swerl_session="$__swerl_dir/session.sh"
 
-# The watchdog is told nothing: each command's worker writes its record to $__swerl_io/pgid
-# as it starts (the node reads the same line for signals), and the watchdog
-# looks at it at least once a second, then sleeps until the deadline it found or for a second,
+# The watchdog is told nothing: each command's worker writes its record to $__swerl_io/pgid as
+# it starts (the node reads the same record for signals), and the watchdog looks at it at
+# least once a second, then sleeps until the deadline it found or for a second,
 # whichever is sooner. So a command pays no wake-up of the watchdog; a timeout of a second or
 # more fires on time, a shorter one within a second. Past its deadline, a command whose process
 # group still exists overran: the watchdog leaves the pgid in the timeout file for the
