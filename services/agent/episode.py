@@ -1,11 +1,12 @@
 """One episode: lease a sandbox, loop policy turn → command → observation, grade, reward.
 
 `Episode.run()` emits `agent.v1` messages (started, turns, PRM scores, evaluation) through a
-callback and returns the final `EpisodeResult`. Everything that goes wrong after the start ends
-in a result, never an exception: infrastructure failures are INFRA_ERROR with no reward,
-`cancel()` ends the episode CANCELLED (the running policy call and command are abandoned, the
-sandbox released), a policy abort ends it ABORTED. CPU work (rendering, tokenizing, decoding,
-prompt copies) runs in the agent's thread pool so hundreds of episodes share one event loop.
+callback and returns the final message (`RunEpisodeResponse.result`). Everything that goes wrong
+after the start ends in a result, never an exception: infrastructure failures are INFRA_ERROR
+with no reward, `cancel()` ends the episode CANCELLED (the running policy call and command are
+abandoned, the sandbox released), a policy abort ends it ABORTED. CPU work (rendering,
+tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
+hundreds of episodes share one event loop.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ class Episode:
             if self._work is not None:
                 self._work.cancel()
 
-    async def run(self) -> pb.EpisodeResult:
+    async def run(self) -> pb.RunEpisodeResponse:
+        """Runs the episode; returns the final stream message (its `result`)."""
         self._work = asyncio.get_running_loop().create_task(self._body())
         if self._cancel_reason is not None:
             self._work.cancel()
@@ -498,18 +500,18 @@ class Episode:
                 m["eval_time_ratio"] = c.eval_s / total
         return m
 
-    def _record_pb(self, record: TokenRecordData, reward: float | None) -> pb.TokenRecord:
+    @staticmethod
+    def _fill_record(
+        message: pb.TokenRecord, record: TokenRecordData, reward: float | None
+    ) -> None:
         record.check()
-        message = pb.TokenRecord(
-            prompt_ids=record.prompt_ids,
-            response_ids=record.response_ids,
-            loss_mask=record.loss_mask,
-            logprobs=record.logprobs,
-            weight_versions=record.weight_versions,
-        )
+        message.prompt_ids.extend(record.prompt_ids)
+        message.response_ids.extend(record.response_ids)
+        message.loss_mask.extend(record.loss_mask)
+        message.logprobs.extend(record.logprobs)
+        message.weight_versions.extend(record.weight_versions)
         if reward is not None:
             message.reward = reward
-        return message
 
     def _shaped(self, turn_index: int | None) -> float | None:
         if self.reward is None:
@@ -525,43 +527,41 @@ class Episode:
             bonus = s.score if s is not None and s.state == pb.STEP_SCORE_STATE_SCORED else 0.0
         return self.reward + prm.coef * bonus
 
-    def _records(self) -> list[pb.TokenRecord]:
+    def _fill_records(self, result: pb.EpisodeResult) -> None:
+        """The token records, written into the final message (in the CPU pool: a long
+        episode's records hold hundreds of thousands of ids)."""
         assert self.trajectory is not None
         trajectory = self.trajectory
         if self.spec.dynamic_history:
-            return [
-                self._record_pb(record, self._shaped(index))
-                for index, record in enumerate(trajectory.turn_records)
-            ]
-        return [self._record_pb(trajectory.whole_record(), self._shaped(None))]
+            for index, record in enumerate(trajectory.turn_records):
+                self._fill_record(result.turns.add(), record, self._shaped(index))
+        else:
+            self._fill_record(result.trajectory, trajectory.whole_record(), self._shaped(None))
 
-    async def _result(self) -> pb.EpisodeResult:
+    async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
-        result = pb.EpisodeResult(
-            episode_id=spec.episode_id,
-            status=self.status,
-            patch=self.patch,
-            error_reason=self.error_reason,
-            error_message=self.error_message[:2000],
-        )
+        # Built in place inside the final stream message: copying a message with whole token
+        # records (constructor or CopyFrom) cost ~0.2 ms per 7k ids on the event loop.
+        response = pb.RunEpisodeResponse()
+        result = response.result
+        result.episode_id = spec.episode_id
+        result.status = self.status  # type: ignore[assignment]
+        result.patch = self.patch
+        result.error_reason = self.error_reason
+        result.error_message = self.error_message[:2000]
         if self.reward is not None:
             result.reward = self.reward
         if self.report is not None:
             result.report.CopyFrom(self.report)
         if self.trajectory is not None and self.trajectory.units:
-            # Records of a long episode hold hundreds of thousands of ids: built off the loop.
-            records = await self._cpu(self._records)
-            if spec.dynamic_history:
-                result.turns.extend(records)
-            else:
-                result.trajectory.CopyFrom(records[0])
+            await self._cpu(self._fill_records, result)
         if spec.prm.enabled:
             result.step_scores.extend(self.scores[i] for i in sorted(self.scores))
         result.metrics.update(self.metrics())
         if spec.artifact_dir and self._write_artifacts is not None:
             with contextlib.suppress(OSError):
                 result.artifact_dir = await self._write_artifacts(self, result)
-        return result
+        return response
 
     async def _tok(self, method: str, *args: Any) -> Any:
         """A ChatCodec call: in a tokenizer worker process when the agent has them."""

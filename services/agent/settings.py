@@ -25,6 +25,11 @@ class AgentSettings(ServiceSettings):
         " would stall the event loop); 0 tokenizes in the CPU threads",
     )
     max_episodes: int = Field(1024, description="episodes this process runs at once")
+    gc_full_threshold: int = Field(
+        100,
+        description="middle-generation collections between two full collections of the"
+        " garbage collector (Python's default is 10); 0 keeps Python's setting",
+    )
     policy_request_timeout_s: float = Field(
         600.0, description="limit on one policy call when the request sets none"
     )

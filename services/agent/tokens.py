@@ -27,9 +27,11 @@ Arrays are invisible to the collector, a quarter of the memory, and copy and com
 from __future__ import annotations
 
 import json
+import operator
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
 _SENTINEL = "SWERL_SENTINEL_ASSISTANT_MESSAGE_7f3a"
@@ -153,9 +155,12 @@ class TokenRecordData:
                 f"lengths differ: response {n}, loss_mask {len(self.loss_mask)},"
                 f" logprobs {len(self.logprobs)}"
             )
-        for mask, logprob in zip(self.loss_mask, self.logprobs, strict=True):
-            if mask not in (0, 1) or (mask == 0 and logprob != 0.0):
-                raise AssertionError("a masked token carries a logprob")
+        # C-speed passes (a Python loop over a long record cost ~1 ms per 32k tokens): masks
+        # are 0 or 1, and no logprob where the mask is 0 is non-zero (NaN counts as non-zero).
+        if not set(self.loss_mask) <= {0, 1}:
+            raise AssertionError("a loss mask value is neither 0 nor 1")
+        if any(compress(self.logprobs, map(operator.not_, self.loss_mask))):
+            raise AssertionError("a masked token carries a logprob")
 
 
 @dataclass
