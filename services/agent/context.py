@@ -64,13 +64,17 @@ class ContextWindow:
         self._prompt.extend(token_array(unit.response_ids))
         self._prompt.extend(token_array(unit.delta_ids))
 
+    def fits(self, max_new_tokens: int) -> bool:
+        """Whether the next prompt is the current one as is (no cut needed)."""
+        budget = self.policy.budget_tokens
+        return budget <= 0 or len(self._prompt) + max_new_tokens <= budget
+
     def next_prompt(self, max_new_tokens: int) -> tuple[array, bool]:
         """The prompt of the next turn (a fresh int32 array) and whether it was trimmed just now.
 
         Raises ContextExhausted when nothing that keeps the latest turn fits.
         """
-        budget = self.policy.budget_tokens
-        if budget <= 0 or len(self._prompt) + max_new_tokens <= budget:
+        if self.fits(max_new_tokens):
             return self._prompt[:], False
         self._cut(max_new_tokens)
         return self._prompt[:], True

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 from swerl.agent.config import AgentConfig
 from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
 from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
 from swerl.agent.sandbox import SandboxHandle, SandboxProvider
@@ -115,8 +116,12 @@ class Episode:
         judge: StepJudge | None = None,
         write_artifacts: Callable[..., Awaitable[str]] | None = None,
         tokenizer_pool: Executor | None = None,
+        result_gate: IterationGate | None = None,
+        records_slot: asyncio.Semaphore | None = None,
     ) -> None:
         self.spec = spec
+        self._result_gate = result_gate
+        self._records_slot = records_slot
         self._provider = provider
         self._executor = executor
         self._emit = emit
@@ -273,7 +278,11 @@ class Episode:
             if window is not None:
                 assert self._token_policy is not None and self.trajectory is not None
                 try:
-                    prompt, trimmed = await self._cpu(window.next_prompt, spec.max_new_tokens)
+                    if window.fits(spec.max_new_tokens):
+                        # An array copy (~µs): cheaper than a hop to the thread pool.
+                        prompt, trimmed = window.next_prompt(spec.max_new_tokens)
+                    else:  # a cut tokenizes the omission marker
+                        prompt, trimmed = await self._cpu(window.next_prompt, spec.max_new_tokens)
                 except ContextExhausted as err:
                     self._end(S.EPISODE_STATUS_LIMIT_CONTEXT, "", str(err))
                     return
@@ -540,6 +549,8 @@ class Episode:
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
+        if self._result_gate is not None:
+            await self._result_gate.wait_turn()
         # Built in place inside the final stream message: copying a message with whole token
         # records (constructor or CopyFrom) cost ~0.2 ms per 7k ids on the event loop.
         response = pb.RunEpisodeResponse()
@@ -554,7 +565,8 @@ class Episode:
         if self.report is not None:
             result.report.CopyFrom(self.report)
         if self.trajectory is not None and self.trajectory.units:
-            await self._cpu(self._fill_records, result)
+            async with self._records_slot or contextlib.nullcontext():
+                await self._cpu(self._fill_records, result)
         if spec.prm.enabled:
             result.step_scores.extend(self.scores[i] for i in sorted(self.scores))
         result.metrics.update(self.metrics())

@@ -144,14 +144,14 @@ class SglangPolicy:
         # Consecutive prompts of an episode extend each other (until the context is trimmed):
         # only the new ids are serialized, so a turn costs O(new tokens) here too. The prefix
         # check compares int32 arrays (the agent's prompts are arrays already): memcmp speed.
-        input_ids = token_array(input_ids)
+        ids = token_array(input_ids)
         sent = self._sent
-        if sent and len(input_ids) >= len(sent) and input_ids[: len(sent)] == sent:
-            new = input_ids[len(sent) :]
+        if sent and len(ids) >= len(sent) and ids[: len(sent)] == sent:
+            new = ids[len(sent) :]
             ids_json = self._sent_json + ("," if new else "") + ",".join(map(str, new))
         else:
-            ids_json = ",".join(map(str, input_ids))
-        self._sent, self._sent_json = input_ids, ids_json
+            ids_json = ",".join(map(str, ids))
+        self._sent, self._sent_json = ids, ids_json
         params = json.dumps(
             {**self._params, "max_new_tokens": max_new_tokens}, separators=(",", ":")
         )

@@ -26,6 +26,7 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
+from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
@@ -61,23 +62,6 @@ def _space_full_collections(middle_collections: int) -> None:
         gc.set_threshold(young, middle, middle_collections)
 
 
-class IterationGate:
-    """Lets at most `size` callers through per event-loop iteration; the rest wait their turn.
-
-    A loop iteration runs every callback that was ready when it began, so 256 episodes started
-    together (a rollout batch) would all run their set-up in one ~10 ms iteration while
-    every running episode waits. Spread over iterations, I/O callbacks run in between.
-    """
-
-    def __init__(self, size: int) -> None:
-        self._slots = asyncio.Semaphore(size)
-
-    async def wait_turn(self) -> None:
-        await self._slots.acquire()
-        # Released in the next iteration: whoever passed this one has run its step by then.
-        asyncio.get_running_loop().call_soon(self._slots.release)
-
-
 class EpisodeRunner:
     """Runs episodes for one process; shares the CPU pool, HTTP session and tokenizers."""
 
@@ -104,7 +88,14 @@ class EpisodeRunner:
         self._codecs: dict[tuple[str, str], ChatCodec] = {}
         self._codec_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self.running: dict[str, Episode] = {}
+        # Set-up of new episodes and final results of ending ones: at most 16 per iteration.
         self._start_gate = IterationGate(16)
+        self._result_gate = IterationGate(16)
+        # Records are built in the CPU pool one episode at a time. Threads running Python
+        # hand the GIL to each other (each result's hand-off to the loop is a syscall that
+        # releases it), so a backlog of record jobs kept the loop thread from running for
+        # 15-20 ms when 50 episodes ended together; GIL-bound, more at once is no faster.
+        self._records_slot = asyncio.Semaphore(1)
         self._policy_retrying = connect_retrying(
             settings.policy_connect_attempts, settings.policy_connect_max_delay_s
         )
@@ -287,6 +278,8 @@ class EpisodeRunner:
             judge=judge,
             write_artifacts=artifacts,
             tokenizer_pool=self.tokenizer_pool,
+            result_gate=self._result_gate,
+            records_slot=self._records_slot,
         )
         self.running[spec.episode_id] = episode
 

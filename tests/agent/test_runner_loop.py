@@ -1,16 +1,32 @@
 """The runner keeps the shared event loop responsive: bursts of starts are spread over loop
-iterations, and the collector's full passes are spaced out once the tokenizer is loaded."""
+iterations, records are built one episode at a time, and the collector's full passes are spaced
+out once the tokenizer is loaded."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+import time
 from collections import Counter
 
-from agent_testkit import TOKENIZER_DIR
+import pytest
+from agent_testkit import (
+    TOKENIZER_DIR,
+    agent_stack,
+    bundled_tasks,
+    check_record,
+    result_of,
+    run_to_result,
+    start_for,
+)
 
-from swerl.agent.runner import EpisodeRunner, IterationGate
+from swerl.agent.episode import Episode
+from swerl.agent.pacing import IterationGate
+from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.agent.runner import EpisodeRunner
 from swerl.agent.settings import AgentSettings
+from swerl.agent.v1 import agent_pb2 as pb
 
 
 async def test_a_burst_of_starts_passes_the_gate_a_few_per_loop_iteration() -> None:
@@ -51,3 +67,39 @@ async def test_full_collections_are_spaced_once_the_tokenizer_is_loaded() -> Non
         await runner.close()
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+@pytest.mark.usefixtures("base_image")
+async def test_episodes_ending_together_build_their_records_one_at_a_time(monkeypatch) -> None:
+    # Record jobs queued together in the CPU pool kept the loop thread off the GIL.
+    tasks = bundled_tasks()[:3]
+    lock = threading.Lock()
+    running, most = 0, 0
+    fill = Episode._fill_records
+
+    def tracked(self: Episode, result: pb.EpisodeResult) -> None:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            time.sleep(0.05)
+            fill(self, result)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(Episode, "_fill_records", tracked)
+    replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
+    url = await replay.start()
+    try:
+        async with agent_stack(cpu_threads=4) as env:
+            starts = [start_for(t, url, f"slot-{i}") for i, t in enumerate(tasks)]
+            runs = await asyncio.gather(*(run_to_result(env.stub, s) for s in starts))
+    finally:
+        await replay.stop()
+    for messages in runs:
+        result = result_of(messages)
+        assert result.status == pb.EPISODE_STATUS_SUBMITTED, result
+        check_record(result.trajectory, replay)
+    assert most == 1
