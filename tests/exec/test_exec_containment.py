@@ -99,6 +99,27 @@ async def test_background_children_of_a_finished_command_do_not_outlive_it(node,
     assert surviving(ps.stdout, b"sleep 1000") == []
 
 
+async def test_survivors_are_killed_after_many_commands_that_left_none(node, base_image):
+    # The supervisor skips the kill of an empty process group when the container's task count
+    # shows nothing survived; a survivor (here one that left its parent, so no shell knows it)
+    # must still be found and killed, also after a command left a process outside its group (a
+    # new session: a different count from then on).
+    sandbox = await node.create(base_image)
+    async with node.client.commands(sandbox.sandbox_id) as shell:
+        for _ in range(20):
+            assert (await shell.run("echo quiet")).exit_code == 0
+        orphan = await shell.run("( sleep 1001 & ); echo forked", timeout_s=30)
+        assert (orphan.exit_code, orphan.stdout) == (0, b"forked\n")
+        assert surviving((await shell.run(PS)).stdout, b"sleep 1001") == []
+
+        daemon = await shell.run("setsid sleep 1002 >/dev/null 2>&1 < /dev/null & echo started")
+        assert daemon.stdout == b"started\n"
+        orphan = await shell.run("( sleep 1003 & ); echo forked", timeout_s=30)
+        assert orphan.stdout == b"forked\n"
+        ps = (await shell.run(PS)).stdout
+    assert surviving(ps, b"sleep 1003") == []
+
+
 async def test_fork_bomb_is_contained_and_the_node_keeps_serving(node, base_image):
     sandbox = await node.create(base_image, resources=pb.Resources(pids=64))
     # The bomb forks as fast as it can for 3 s (the trailing sleep keeps the command alive)
