@@ -38,11 +38,12 @@ from swerl.chassis.timeconv import seconds_of
 
 def _worker_init() -> None:
     # Tokenizer workers yield the CPU to the event loop that waits for them, and die with it.
-    # SCHED_IDLE, not just a nice value: the kernel preempts an idle-policy task as soon as a
-    # normal one wakes up, so the loop thread never queues behind a worker for a time slice
-    # (with nice 5 it waited up to ~10 ms for the core on a busy 2-core machine).
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    # Nice 19, not 5: with 5 the loop thread queued behind a worker for up to ~10 ms on a busy
+    # 2-core machine; at 19 a waking loop thread preempts a worker at once. Not SCHED_IDLE:
+    # that starved the workers for good (and every episode with them) while other processes
+    # kept all cores busy.
+    with contextlib.suppress(OSError):
+        os.nice(19 - os.nice(0))
     with contextlib.suppress(Exception):
         import ctypes
         import signal
