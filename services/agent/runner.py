@@ -38,12 +38,13 @@ from swerl.chassis.timeconv import seconds_of
 
 def _worker_init() -> None:
     # Tokenizer workers yield the CPU to the event loop that waits for them, and die with it.
-    # Nice 19, not 5: with 5 the loop thread queued behind a worker for up to ~10 ms on a busy
-    # 2-core machine; at 19 a waking loop thread preempts a worker at once. Not SCHED_IDLE:
-    # that starved the workers for good (and every episode with them) while other processes
-    # kept all cores busy.
+    # Nice 10, not 5: with 5 (scheduler weight 335 of a nice-0 task's 1024) the loop thread
+    # queued behind a worker for up to ~10 ms on a busy 2-core machine; at 10 (weight 110) a
+    # waking loop thread gets the core at once in practice. Not lower: SCHED_IDLE (weight 3)
+    # or nice 19 (15) leave the workers, and so every episode's turns, next to no CPU while
+    # other normal-priority processes keep the cores busy.
     with contextlib.suppress(OSError):
-        os.nice(19 - os.nice(0))
+        os.nice(10 - os.nice(0))
     with contextlib.suppress(Exception):
         import ctypes
         import signal
