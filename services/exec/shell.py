@@ -365,7 +365,6 @@ class Supervisor:
     def ended_early(self) -> None:
         """The running command ended by its W marker: wait for the supervisor's E."""
         self.awaiting_end = True
-        self.scanner.end_id = b""
 
     def _end_seen(self) -> None:
         self.awaiting_end = False
@@ -568,7 +567,7 @@ class SandboxShell:
         with contextlib.suppress(OSError, ValueError):
             # "<nonce> <pgid> <deadline_us> <nonce>", overwritten in place (see supervisor.sh)
             fields = (self.io_dir / "pgid").read_text().split()
-            if len(fields) == 4 and fields[0] == nonce and fields[3] in (nonce, "."):
+            if len(fields) == 4 and fields[0] == nonce and fields[3] == nonce:
                 return int(fields[1])
         return 0
 

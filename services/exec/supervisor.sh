@@ -174,8 +174,9 @@ __swerl_loop() {
   # After most commands their process group is empty, and killing an empty group is not free
   # here: bash's error path writes to pages the workers share, a copy-on-write fault each (~0.15
   # ms a command). When the container held nothing but init, its main process, this shell and
-  # the watchdog at start, then a count of those four plus the next worker means nothing of the
-  # command survived, and the kill is skipped. Any other count, or no count, kills the group.
+  # the watchdog at start, then a count of those four plus the next worker (checked alive: under
+  # a pids limit its fork can fail) means nothing of the command survived, and the kill is
+  # skipped. Any other count, or no count, kills the group.
   if [ -n "$__swerl_pids_file" ] && read -r __tasks <"$__swerl_pids_file" && [ "$__tasks" = 4 ]
   then
     __alone=5
@@ -187,8 +188,8 @@ __swerl_loop() {
   while :; do
     wait "$__cur" 2>/dev/null
     __rc=$?
-    if [ "$__alone" = 0 ] || ! read -r __tasks <"$__swerl_pids_file" || [ "$__tasks" != "$__alone" ]
-    then
+    if [ "$__alone" = 0 ] || ! [ -d "/proc/$__next" ] || ! read -r __tasks <"$__swerl_pids_file" ||
+      [ "$__tasks" != "$__alone" ]; then
       kill -KILL -- "-$__cur" 2>/dev/null
     fi
     if [ -s "$__swerl_io/timeout" ]; then
