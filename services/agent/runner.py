@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import multiprocessing
 import os
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 from swerl.chassis.timeconv import seconds_of
 
@@ -50,18 +50,6 @@ def _worker_init() -> None:
         import signal
 
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _space_full_collections(middle_collections: int) -> None:
-    """Full collections walk every live object while the loop waits (~20 ms at 256 episodes),
-    and in an agent's steady state they find nothing: episodes leave no reference cycles
-    (tests/agent checks a policy turn), their objects are freed by reference counting. Young
-    collections still run as often as before and catch the rare cycle (an exception's
-    traceback); the full ones come `middle_collections` middle collections apart instead of
-    Python's 10, so a cycle that reached the oldest generation waits that much longer."""
-    if middle_collections > 0:
-        young, middle, _ = gc.get_threshold()
-        gc.set_threshold(young, middle, middle_collections)
 
 
 class EpisodeRunner:
@@ -146,8 +134,9 @@ class EpisodeRunner:
                 self._codecs[key] = codec
                 # The tokenizer's hundreds of thousands of long-lived objects leave the cyclic
                 # collector's view: a full collection would otherwise stall the loop.
-                gc.freeze()
-                _space_full_collections(self.settings.gc_full_threshold)
+                # Full collections find nothing in an agent's steady state (tests/agent checks
+                # that a policy turn leaves no cycle); young ones still catch the rare cycle.
+                tune_collector(full_every=self.settings.gc_full_threshold)
         return self._codecs[key]
 
     def _spec(self, start: pb.EpisodeStart) -> EpisodeSpec:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import secrets
 import tempfile
 import time
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swerl.chassis.gctune import tune_collector
 from swerl.chassis.server import GrpcServer
 from swerl.pool.leases import N_HEALTHY, Pool
 from swerl.pool.nodes import GrpcNodeConnection, NodeConnection
@@ -33,17 +33,11 @@ POOL_SERVICE = pool_pb2.DESCRIPTOR.services_by_name["PoolService"].full_name
 def tune_garbage_collector(settings: PoolSettings) -> None:
     """For a process that serves a pool, once it has started (not for one that embeds a pool).
 
-    The pool holds a large, long-lived heap (the lease table) that the collector's full
-    collections walk whole while every call waits. What was built at start-up (modules,
-    descriptors, the server) lives as long as the process: frozen, no collection looks at it
-    again. The middle generation is collected less often, so that fewer short-lived objects
-    (each KeepAlive stream's pending read lives a second) are promoted into the oldest
-    generation, whose growth is what triggers a full collection.
+    The middle generation is collected less often, so that fewer short-lived objects (each
+    KeepAlive stream's pending read lives a second) are promoted into the oldest generation,
+    whose growth is what triggers a full collection of the whole lease table.
     """
-    gc.freeze()
-    if settings.gc_middle_threshold:
-        young, _, old = gc.get_threshold()
-        gc.set_threshold(young, settings.gc_middle_threshold, old)
+    tune_collector(middle_every=settings.gc_middle_threshold)
 
 
 class PoolServer:
