@@ -75,7 +75,7 @@ def idempotent_retry(
 ) -> Callable[[F], F]:
     """Decorator applying the policy to a sync or async function."""
     policy = _policy(max_attempts, max_delay_s, initial_wait_s, max_wait_s, reasons)
-    return tenacity.retry(**policy)  # type: ignore[no-any-return]
+    return tenacity.retry(**policy)
 
 
 def _policy(

@@ -7,9 +7,9 @@ services). `error_info` is how callers, and tests, branch on a failure's `ErrorI
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -77,7 +77,7 @@ def error_info(err: grpc.RpcError) -> tuple[str | None, dict[str, str]]:
     Works for `grpc.aio.AioRpcError` and the sync stack's `grpc.RpcError` alike.
     """
     trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailing or ():
+    for key, value in cast("Iterable[tuple[str, Any]]", trailing or ()):
         if key != _STATUS_DETAILS_METADATA_KEY:
             continue
         status = status_pb2.Status.FromString(value)

@@ -74,28 +74,35 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:  # Unknown method: gRPC answers UNIMPLEMENTED itself.
             return None
-        method: str = handler_call_details.method  # type: ignore[attr-defined]
-        metadata = dict(handler_call_details.invocation_metadata or ())  # type: ignore[attr-defined]
+        method: str = handler_call_details.method
+        metadata = dict(handler_call_details.invocation_metadata or ())
         # intercept_service runs once per call, so this boundary belongs to this call alone.
         return _wrap_handler(handler, _Boundary(self._token, method, metadata))
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler, boundary: _Boundary) -> grpc.RpcMethodHandler:
+def _wrap_handler(
+    handler: grpc.RpcMethodHandler[Any, Any], boundary: _Boundary
+) -> grpc.RpcMethodHandler[Any, Any]:
     """Rebuilds `handler` (any cardinality) with its behaviour running inside `boundary`."""
+    # The behaviour of an aio handler is an async callable; grpc's stubs type it as the sync one.
+    behavior: Callable[..., Any]
+    factory: Callable[..., grpc.RpcMethodHandler[Any, Any]]
     if handler.request_streaming and handler.response_streaming:
-        behavior, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+        behavior, factory = _behavior(handler.stream_stream), grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
-        behavior, factory = handler.stream_unary, grpc.stream_unary_rpc_method_handler
+        behavior, factory = _behavior(handler.stream_unary), grpc.stream_unary_rpc_method_handler
     elif handler.response_streaming:
-        behavior, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+        behavior, factory = _behavior(handler.unary_stream), grpc.unary_stream_rpc_method_handler
     else:
-        behavior, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+        behavior, factory = _behavior(handler.unary_unary), grpc.unary_unary_rpc_method_handler
 
     if handler.response_streaming:
 
@@ -114,6 +121,12 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, boundary: _Boundary) -> grpc.R
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
+
+
+def _behavior(behavior: Callable[..., Any] | None) -> Callable[..., Any]:
+    if behavior is None:  # grpc sets exactly the attribute of the handler's own cardinality
+        raise TypeError("method handler without a behaviour for its cardinality")
+    return behavior
 
 
 async def _maybe_await(result: Any) -> Any:
