@@ -9,10 +9,10 @@ targets; both are kept here and re-read on start.
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from swerl.chassis.sqlite import SqliteStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -49,54 +49,34 @@ class StoredTarget:
     count: int
 
 
-class PoolStore:
+class PoolStore(SqliteStore):
     """Tiny synchronous store; each call is one short transaction."""
 
     def __init__(self, path: Path | str) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(SCHEMA)
+        super().__init__(path, SCHEMA)
 
     def put_node(self, node: StoredNode) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?)",
-                (
-                    node.node_id,
-                    node.address,
-                    node.capacity,
-                    json.dumps(node.labels),
-                    int(node.drained),
-                ),
-            )
+        self.execute(
+            "INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?)",
+            (node.node_id, node.address, node.capacity, json.dumps(node.labels), int(node.drained)),
+        )
 
     def nodes(self) -> list[StoredNode]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM nodes").fetchall()
+        rows = self.rows("SELECT * FROM nodes")
         return [StoredNode(r[0], r[1], r[2], json.loads(r[3]), bool(r[4])) for r in rows]
 
     def put_target(self, target: StoredTarget) -> None:
-        with self._lock:
-            if target.count <= 0:
-                self._db.execute(
-                    "DELETE FROM prewarm WHERE image = ? AND spec_key = ?",
-                    (target.image, target.spec_key),
-                )
-                return
-            self._db.execute(
-                "INSERT OR REPLACE INTO prewarm VALUES (?, ?, ?, ?)",
-                (target.image, target.spec_key, json.dumps(target.spec), target.count),
+        if target.count <= 0:
+            self.execute(
+                "DELETE FROM prewarm WHERE image = ? AND spec_key = ?",
+                (target.image, target.spec_key),
             )
+            return
+        self.execute(
+            "INSERT OR REPLACE INTO prewarm VALUES (?, ?, ?, ?)",
+            (target.image, target.spec_key, json.dumps(target.spec), target.count),
+        )
 
     def targets(self) -> list[StoredTarget]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM prewarm").fetchall()
+        rows = self.rows("SELECT * FROM prewarm")
         return [StoredTarget(r[0], r[1], json.loads(r[2]), r[3]) for r in rows]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
