@@ -265,6 +265,11 @@ class Evaluator:
     def __init__(self, manager: SandboxManager) -> None:
         self._m = manager
 
+    @property
+    def manager(self) -> SandboxManager:
+        """The sandboxes it evaluates in (the servicer checks lease tokens against it)."""
+        return self._m
+
     async def evaluate(
         self,
         instance: Mapping[str, Any],

@@ -65,7 +65,7 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
         self, request: pb.EvaluateRequest, context
     ) -> AsyncIterator[pb.EvaluateResponse]:
         if request.sandbox_id:
-            require_lease_token(self._evaluator._m, context, request.sandbox_id)
+            require_lease_token(self._evaluator.manager, context, request.sandbox_id)
         events = self._evaluator.evaluate(
             instance_from_pb(request.instance),
             request.patch,
