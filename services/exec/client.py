@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import grpc
 
@@ -72,7 +73,7 @@ async def collect(responses: AsyncIterator[pb.ExecResponse]) -> ExecResult:
     raise RuntimeError("Exec stream ended without an exit message")
 
 
-def _result(e: pb.ExecExit, out: Mapping[int, bytearray]) -> ExecResult:
+def _result(e: pb.ExecExit, out: Mapping[pb.OutputStream, bytearray]) -> ExecResult:
     return ExecResult(
         exit_code=e.exit_code,
         stdout=bytes(out[pb.OUTPUT_STREAM_STDOUT]),
@@ -229,9 +230,10 @@ class CommandStream:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
         await call.write(request)
         while True:
-            message = await call.read()
-            if message is grpc.aio.EOF:
+            read = await call.read()
+            if read is grpc.aio.EOF:
                 raise RuntimeError("ExecCommands call ended without an exit message")
+            message = cast(pb.ExecCommandsResponse, read)
             kind = message.WhichOneof("kind")
             if kind == "output":
                 out[message.output.stream] += message.output.data

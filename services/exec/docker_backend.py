@@ -19,8 +19,6 @@ from swerl.exec.errors import DockerUnavailable, ImageNotPresent
 
 T = TypeVar("T")
 
-LABEL_PREFIX = "swerl."
-
 
 @dataclass(frozen=True)
 class ContainerSpec:

@@ -23,10 +23,12 @@ import docker.errors
 import structlog
 
 import swerl
+from swerl.chassis.capability import check as check_capability
 from swerl.exec.docker_backend import ContainerSpec, DockerBackend
 from swerl.exec.errors import (
     DiffTooLarge,
     DockerUnavailable,
+    EmptyCommand,
     ImageNotPresent,
     InvalidImageReference,
     InvalidSandboxSpec,
@@ -49,8 +51,14 @@ from swerl.exec.store import NodeStore, StoredSandbox
 
 log = structlog.get_logger(__name__)
 
-L = "swerl."  # label prefix
-USER_LABEL = L + "user."
+# Every label swerl puts on a container starts with this; callers' own labels with USER_LABEL.
+LABEL_PREFIX = "swerl."
+USER_LABEL = LABEL_PREFIX + "user."
+ENV_LABEL = LABEL_PREFIX + "env."  # the sandbox's environment, for adoption after a restart
+
+# The networks a sandbox can have, and the final statuses of an image in EnsureImages.
+NETWORK_MODES = ("none", "bridge")
+PULL_RESULTS = ("PRESENT", "PULLED", "FAILED")
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)"
@@ -212,14 +220,18 @@ class SandboxManager:
         stored = self.store.all()
         bindings = self.store.bindings()
         now = time.time()
-        found = await self.backend.list_labelled({L + "node": self.settings.node_id})
+        found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
         seen: set[str] = set()
         adopted = removed = 0
         for info in found:
             labels = info.labels
-            sandbox_id = labels.get(L + "sandbox_id", "")
+            sandbox_id = labels.get(LABEL_PREFIX + "sandbox_id", "")
             row = stored.get(sandbox_id)
-            expire = row.expire_time if row else float(labels.get(L + "expire_time", "0") or 0)
+            expire = (
+                row.expire_time
+                if row
+                else float(labels.get(LABEL_PREFIX + "expire_time", "0") or 0)
+            )
             if not sandbox_id or not info.running or expire <= now:
                 await self.backend.remove(info.container_id)
                 removed += 1
@@ -249,28 +261,28 @@ class SandboxManager:
         self, container_id: str, labels: Mapping[str, str], expire: float
     ) -> SandboxRecord:
         user = {k[len(USER_LABEL) :]: v for k, v in labels.items() if k.startswith(USER_LABEL)}
-        env = {k[len(L + "env.") :]: v for k, v in labels.items() if k.startswith(L + "env.")}
+        env = {k[len(ENV_LABEL) :]: v for k, v in labels.items() if k.startswith(ENV_LABEL)}
         return SandboxRecord(
-            sandbox_id=labels[L + "sandbox_id"],
+            sandbox_id=labels[LABEL_PREFIX + "sandbox_id"],
             container_id=container_id,
-            image=labels.get(L + "image", ""),
-            workdir=labels.get(L + "workdir", ""),
+            image=labels.get(LABEL_PREFIX + "image", ""),
+            workdir=labels.get(LABEL_PREFIX + "workdir", ""),
             env=env,
             labels=user,
-            create_time=float(labels.get(L + "create_time", "0") or 0),
+            create_time=float(labels.get(LABEL_PREFIX + "create_time", "0") or 0),
             expire_time=expire,
-            lease_id=labels.get(L + "lease_id", ""),
-            owner=labels.get(L + "owner", ""),
-            instance_id=labels.get(L + "instance_id", ""),
+            lease_id=labels.get(LABEL_PREFIX + "lease_id", ""),
+            owner=labels.get(LABEL_PREFIX + "owner", ""),
+            instance_id=labels.get(LABEL_PREFIX + "instance_id", ""),
             resources=Resources(
-                cpus=float(labels.get(L + "cpus", "0") or 0),
-                memory_bytes=int(labels.get(L + "memory_bytes", "0") or 0),
-                pids=int(labels.get(L + "pids", "0") or 0),
+                cpus=float(labels.get(LABEL_PREFIX + "cpus", "0") or 0),
+                memory_bytes=int(labels.get(LABEL_PREFIX + "memory_bytes", "0") or 0),
+                pids=int(labels.get(LABEL_PREFIX + "pids", "0") or 0),
             ),
-            network=labels.get(L + "network", "none"),
-            request_id=labels.get(L + "request_id", ""),
+            network=labels.get(LABEL_PREFIX + "network", "none"),
+            request_id=labels.get(LABEL_PREFIX + "request_id", ""),
             shell=SandboxShell(
-                self.backend, container_id, self.io_dir(labels[L + "sandbox_id"]), env
+                self.backend, container_id, self.io_dir(labels[LABEL_PREFIX + "sandbox_id"]), env
             ),
         )
 
@@ -288,7 +300,27 @@ class SandboxManager:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r} on this node", sandbox_id=sandbox_id)
         return record
 
-    def list(self, selector: Mapping[str, str]) -> list[SandboxRecord]:
+    @property
+    def checks_lease_tokens(self) -> bool:
+        """Whether calls about a sandbox must carry a lease token (the node has a secret)."""
+        return self.settings.capability_secret is not None
+
+    def check_lease_token(self, sandbox_id: str, token: str | None) -> None:
+        """Raises the chassis' LeaseToken* errors unless `token` was minted for `sandbox_id` and
+        the lease bound to it; a no-op when the node has no capability secret."""
+        secret = self.settings.capability_secret
+        if secret is None:
+            return
+        record = self._records.get(sandbox_id)
+        check_capability(
+            secret.get_secret_value().encode(),
+            token,
+            sandbox_id=sandbox_id,
+            bound_lease_id=record.lease_id if record is not None else None,
+        )
+
+    def list_sandboxes(self, selector: Mapping[str, str]) -> list[SandboxRecord]:
+        """The sandboxes whose caller labels include every pair of `selector`."""
         return [
             r
             for r in self._records.values()
@@ -320,7 +352,7 @@ class SandboxManager:
             raise InvalidSandboxSpec(
                 f"ttl must be between 0 and {self.settings.max_ttl_s:g} s, got {spec.ttl_s:g}"
             )
-        if spec.network not in ("none", "bridge"):
+        if spec.network not in NETWORK_MODES:
             raise InvalidSandboxSpec(f"unknown network {spec.network!r}")
         if spec.network == "bridge" and not self.settings.allow_bridge_network:
             raise InvalidSandboxSpec("this node does not allow bridge networking")
@@ -381,23 +413,23 @@ class SandboxManager:
             now = time.time()
             expire = now + (spec.ttl_s or s.default_ttl_s)
             labels = {
-                L + "managed": "1",
-                L + "node": s.node_id,
-                L + "sandbox_id": sandbox_id,
-                L + "image": spec.image,
-                L + "workdir": spec.workdir,
-                L + "create_time": f"{now:.3f}",
-                L + "expire_time": f"{expire:.3f}",
-                L + "lease_id": spec.lease_id,
-                L + "owner": spec.owner,
-                L + "instance_id": spec.instance_id,
-                L + "request_id": spec.request_id,
-                L + "network": spec.network,
-                L + "cpus": f"{resources.cpus:g}",
-                L + "memory_bytes": str(resources.memory_bytes),
-                L + "pids": str(resources.pids),
+                LABEL_PREFIX + "managed": "1",
+                LABEL_PREFIX + "node": s.node_id,
+                LABEL_PREFIX + "sandbox_id": sandbox_id,
+                LABEL_PREFIX + "image": spec.image,
+                LABEL_PREFIX + "workdir": spec.workdir,
+                LABEL_PREFIX + "create_time": f"{now:.3f}",
+                LABEL_PREFIX + "expire_time": f"{expire:.3f}",
+                LABEL_PREFIX + "lease_id": spec.lease_id,
+                LABEL_PREFIX + "owner": spec.owner,
+                LABEL_PREFIX + "instance_id": spec.instance_id,
+                LABEL_PREFIX + "request_id": spec.request_id,
+                LABEL_PREFIX + "network": spec.network,
+                LABEL_PREFIX + "cpus": f"{resources.cpus:g}",
+                LABEL_PREFIX + "memory_bytes": str(resources.memory_bytes),
+                LABEL_PREFIX + "pids": str(resources.pids),
             }
-            labels.update({L + "env." + k: v for k, v in spec.env.items()})
+            labels.update({ENV_LABEL + k: v for k, v in spec.env.items()})
             labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
             container_id = await self.backend.create_and_start(
                 ContainerSpec(
@@ -490,7 +522,7 @@ class SandboxManager:
     async def _notice_exited_containers(self) -> None:
         """Marks sandboxes whose container stopped or vanished behind swerl's back."""
         listed_at = time.time()
-        found = await self.backend.list_labelled({L + "node": self.settings.node_id})
+        found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
         running = {info.container_id for info in found if info.running}
         for record in list(self._records.values()):
             # A sandbox created while the list was being taken is not in it yet.
@@ -517,6 +549,8 @@ class SandboxManager:
 
     # -- commands -------------------------------------------------------------------------
     def start_command(self, sandbox_id: str, spec: CommandSpec) -> CommandRun:
+        if not spec.command.strip():
+            raise EmptyCommand("command is empty", sandbox_id=sandbox_id)
         record = self.get(sandbox_id)
         if not record.running or record.shell.container_exited:
             record.running = False

@@ -1,31 +1,63 @@
-"""SandboxService: protos in, domain calls, protos out. No logic, logging or settings here."""
+"""SandboxService: protos in, domain calls, protos out. No logic, logging or settings here.
+
+Enums cross through the explicit tables below; commands go through swerl.exec.commands.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import collections
-import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
-from swerl.exec.capability import require_lease_token
-from swerl.exec.errors import EmptyCommand, ExecStartRequired, StdinNotOpen
+from swerl.exec.capability import lease_token, require_lease_token
+from swerl.exec.commands import (
+    CommandEnd,
+    CommandInput,
+    CommandStdin,
+    SignalCommand,
+    StartCommand,
+    run_command,
+    run_commands,
+)
+from swerl.exec.output import STDERR, STDOUT
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
-from swerl.exec.shell import CommandRun, CommandSpec, Exit, Output, Started
+from swerl.exec.shell import CommandSpec, Exit, Output
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
-_NETWORK_TO_DOMAIN = {
+# -- enum tables: every pb enum value the node reads or writes, in one place (a test checks
+# -- that each covers its whole enum and the domain's values).
+NETWORK_TO_DOMAIN: dict[pb.NetworkMode, str] = {
     pb.NETWORK_MODE_UNSPECIFIED: "none",
     pb.NETWORK_MODE_NONE: "none",
     pb.NETWORK_MODE_BRIDGE: "bridge",
 }
-_NETWORK_TO_PB = {"none": pb.NETWORK_MODE_NONE, "bridge": pb.NETWORK_MODE_BRIDGE}
-# How long output waits for the command's exit to travel with it (ExecCommands): long enough
-# for a short command's end marker to follow its output, too short to notice in a live stream.
-_OUTPUT_LINGER_S = 0.002
-_SIGNALS = {pb.SIGNAL_INT: "INT", pb.SIGNAL_TERM: "TERM", pb.SIGNAL_KILL: "KILL"}
-_PULL_STATUS = {
+NETWORK_TO_PB: dict[str, pb.NetworkMode] = {
+    "none": pb.NETWORK_MODE_NONE,
+    "bridge": pb.NETWORK_MODE_BRIDGE,
+}
+# Whether a command runs in the sandbox's session (True) or isolated from it.
+SESSION_OF_MODE: dict[pb.ExecMode, bool] = {
+    pb.EXEC_MODE_UNSPECIFIED: False,
+    pb.EXEC_MODE_ISOLATED: False,
+    pb.EXEC_MODE_SESSION: True,
+}
+# SIGNAL_UNSPECIFIED is absent: such a signal message is ignored.
+SIGNAL_TO_DOMAIN: dict[pb.Signal, str] = {
+    pb.SIGNAL_INT: "INT",
+    pb.SIGNAL_TERM: "TERM",
+    pb.SIGNAL_KILL: "KILL",
+}
+OUTPUT_STREAM_TO_PB: dict[int, pb.OutputStream] = {
+    STDOUT: pb.OUTPUT_STREAM_STDOUT,
+    STDERR: pb.OUTPUT_STREAM_STDERR,
+}
+# Keyed by SandboxRecord.running.
+SANDBOX_STATE_TO_PB: dict[bool, pb.SandboxState] = {
+    True: pb.SANDBOX_STATE_RUNNING,
+    False: pb.SANDBOX_STATE_EXITED,
+}
+PULL_STATUS_TO_PB: dict[str, pb.ImagePullStatus] = {
     "PRESENT": pb.IMAGE_PULL_STATUS_PRESENT,
     "PULLED": pb.IMAGE_PULL_STATUS_PULLED,
     "FAILED": pb.IMAGE_PULL_STATUS_FAILED,
@@ -37,7 +69,7 @@ def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
         sandbox_id=record.sandbox_id,
         image=record.image,
         workdir=record.workdir,
-        state=pb.SANDBOX_STATE_RUNNING if record.running else pb.SANDBOX_STATE_EXITED,
+        state=SANDBOX_STATE_TO_PB[record.running],
         labels=record.labels,
         create_time=timestamp_pb(record.create_time),
         expire_time=timestamp_pb(record.expire_time),
@@ -49,25 +81,43 @@ def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
             memory_bytes=record.resources.memory_bytes,
             pids=record.resources.pids,
         ),
-        network=_NETWORK_TO_PB.get(record.network, pb.NETWORK_MODE_NONE),
+        network=NETWORK_TO_PB.get(record.network, pb.NETWORK_MODE_NONE),
         node_id=node_id,
     )
 
 
-def _command_spec(start: pb.ExecStart) -> CommandSpec:
-    return CommandSpec(
-        command=start.command,
-        cwd=start.cwd,
-        env=dict(start.env),
-        timeout_s=seconds_of(start.timeout),
-        max_output_bytes=start.max_output_bytes,
-        session=start.mode == pb.EXEC_MODE_SESSION,
-        open_stdin=start.open_stdin,
-        notify_started=start.notify_started,
-    )
+def _command_input(message: pb.ExecRequest | pb.ExecCommandsRequest) -> CommandInput | None:
+    """One Exec or ExecCommands request message as the command pipeline's input."""
+    kind = message.WhichOneof("kind")
+    if kind == "start":
+        start = message.start
+        return StartCommand(
+            start.sandbox_id,
+            CommandSpec(
+                command=start.command,
+                cwd=start.cwd,
+                env=dict(start.env),
+                timeout_s=seconds_of(start.timeout),
+                max_output_bytes=start.max_output_bytes,
+                session=SESSION_OF_MODE.get(start.mode, False),
+                open_stdin=start.open_stdin,
+                notify_started=start.notify_started,
+            ),
+        )
+    if kind == "signal":
+        signal = SIGNAL_TO_DOMAIN.get(message.signal.signal)
+        return SignalCommand(signal) if signal is not None else None
+    if kind == "stdin":
+        return CommandStdin(message.stdin.data, message.stdin.close)
+    return None
+
+
+def _output_pb(event: Output) -> pb.ExecOutput:
+    return pb.ExecOutput(stream=OUTPUT_STREAM_TO_PB[event.stream], data=event.data)
 
 
 def _exit_pb(event: Exit) -> pb.ExecExit:
+    """The one ExecExit builder (Exec and ExecCommands)."""
     return pb.ExecExit(
         exit_code=event.exit_code,
         timed_out=event.timed_out,
@@ -87,7 +137,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return self._m.settings.node_id
 
     async def CreateSandbox(
-        self, request: pb.CreateSandboxRequest, context
+        self, request: pb.CreateSandboxRequest, context: Any
     ) -> pb.CreateSandboxResponse:
         res = request.resources
         record = await self._m.create(
@@ -97,7 +147,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 workdir=request.workdir,
                 env=dict(request.env),
                 resources=Resources(res.cpus, res.memory_bytes, res.pids),
-                network=_NETWORK_TO_DOMAIN.get(request.network, "invalid"),
+                network=NETWORK_TO_DOMAIN.get(request.network, "invalid"),
                 labels=dict(request.labels),
                 ttl_s=seconds_of(request.ttl),
                 lease_id=request.lease_id,
@@ -107,153 +157,47 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
         return pb.CreateSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
-    async def GetSandbox(self, request: pb.GetSandboxRequest, context) -> pb.GetSandboxResponse:
+    async def GetSandbox(
+        self, request: pb.GetSandboxRequest, context: Any
+    ) -> pb.GetSandboxResponse:
         return pb.GetSandboxResponse(
             sandbox=sandbox_to_pb(self._m.get(request.sandbox_id), self._node)
         )
 
     async def Exec(
-        self, request_iterator: AsyncIterator[pb.ExecRequest], context
+        self, request_iterator: AsyncIterator[pb.ExecRequest], context: Any
     ) -> AsyncIterator[pb.ExecResponse]:
-        first = await anext(aiter(request_iterator), None)
-        if first is None or first.WhichOneof("kind") != "start":
-            raise ExecStartRequired("the first Exec message must be `start`")
-        start = first.start
-        require_lease_token(self._m, context, start.sandbox_id)
-        if not start.command.strip():
-            raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
-        run = self._m.start_command(start.sandbox_id, _command_spec(start))
-        inputs = asyncio.get_running_loop().create_task(
-            self._pump_inputs(request_iterator, run, start.open_stdin)
+        events = run_command(
+            self._m, request_iterator, _command_input, lease_token(self._m, context)
         )
-        finished = False
-        try:
-            async for event in run.events():
-                if isinstance(event, Output):
-                    yield pb.ExecResponse(
-                        output=pb.ExecOutput(stream=event.stream, data=event.data)
-                    )
-                elif isinstance(event, Started):
-                    yield pb.ExecResponse(started=pb.ExecStarted(pgid=event.pgid))
-                elif isinstance(event, Exit):
-                    finished = True
-                    if inputs.done() and not inputs.cancelled() and inputs.exception():
-                        raise inputs.exception()  # e.g. StdinNotOpen: the call fails with it
-                    yield pb.ExecResponse(
-                        exit=pb.ExecExit(
-                            exit_code=event.exit_code,
-                            timed_out=event.timed_out,
-                            output_truncated=event.output_truncated,
-                            duration=duration_pb(event.duration_s),
-                            bytes_dropped=event.bytes_dropped,
-                            signaled=event.signaled,
-                        )
-                    )
-        finally:
-            if not finished:
-                run.abandon()
-            inputs.cancel()
-            with contextlib.suppress(BaseException):
-                await inputs
-
-    @staticmethod
-    async def _pump_inputs(requests: AsyncIterator[pb.ExecRequest], run, open_stdin: bool) -> None:
-        async for message in requests:
-            kind = message.WhichOneof("kind")
-            if kind == "signal":
-                signal = _SIGNALS.get(message.signal.signal)
-                if signal is not None:
-                    run.request_signal(signal)
-            elif kind == "stdin":
-                if not open_stdin:
-                    # A protocol error fails the whole call and, like a cancel, kills the command.
-                    run.request_signal("KILL")
-                    raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
-                await run.write_stdin(message.stdin.data, message.stdin.close)
+        async for event in events:
+            if isinstance(event, Output):
+                yield pb.ExecResponse(output=_output_pb(event))
+            elif isinstance(event, Exit):
+                yield pb.ExecResponse(exit=_exit_pb(event))
+            else:
+                yield pb.ExecResponse(started=pb.ExecStarted(pgid=event.pgid))
 
     async def ExecCommands(
-        self, request_iterator: AsyncIterator[pb.ExecCommandsRequest], context
+        self, request_iterator: AsyncIterator[pb.ExecCommandsRequest], context: Any
     ) -> AsyncIterator[pb.ExecCommandsResponse]:
-        # The reader turns each `start` into a run (or the error that ends the call) and queues
-        # it; this loop runs them one after another and streams their events.
-        queued: asyncio.Queue[CommandRun | Exception | None] = asyncio.Queue()
-        unfinished: collections.deque[CommandRun] = collections.deque()
-        reader = asyncio.get_running_loop().create_task(
-            self._read_commands(request_iterator, context, queued, unfinished)
+        events = run_commands(
+            self._m, request_iterator, _command_input, lease_token(self._m, context)
         )
-        try:
-            while True:
-                item = await queued.get()
-                if item is None:
-                    return
-                if isinstance(item, Exception):
-                    raise item
-                # Output already followed by the exit (the run has finished) goes out with the
-                # exit in one `end` message: one write instead of two for a short command. The
-                # last chunk seen while the command runs waits a moment for that exit.
-                last: list[pb.ExecOutput] = []
-                async for event in item.events():
-                    if isinstance(event, Output):
-                        chunk = pb.ExecOutput(stream=event.stream, data=event.data)
-                        if not item.finished and not item.events_waiting:
-                            await item.settle(_OUTPUT_LINGER_S)
-                        if item.finished:
-                            last.append(chunk)
-                        else:
-                            yield pb.ExecCommandsResponse(output=chunk)
-                    elif isinstance(event, Exit):
-                        if last:
-                            end = pb.ExecCommandEnd(output=last, exit=_exit_pb(event))
-                            yield pb.ExecCommandsResponse(end=end)
-                        else:
-                            yield pb.ExecCommandsResponse(exit=_exit_pb(event))
-                    else:
-                        yield pb.ExecCommandsResponse(started=pb.ExecStarted(pgid=event.pgid))
-        finally:
-            for run in unfinished:
-                run.abandon()
-            reader.cancel()
-            with contextlib.suppress(BaseException):
-                await reader
+        async for event in events:
+            if isinstance(event, Output):
+                yield pb.ExecCommandsResponse(output=_output_pb(event))
+            elif isinstance(event, CommandEnd):
+                end = pb.ExecCommandEnd(
+                    output=[_output_pb(chunk) for chunk in event.output], exit=_exit_pb(event.exit)
+                )
+                yield pb.ExecCommandsResponse(end=end)
+            elif isinstance(event, Exit):
+                yield pb.ExecCommandsResponse(exit=_exit_pb(event))
+            else:
+                yield pb.ExecCommandsResponse(started=pb.ExecStarted(pgid=event.pgid))
 
-    async def _read_commands(
-        self,
-        requests: AsyncIterator[pb.ExecCommandsRequest],
-        context,
-        queued: asyncio.Queue[CommandRun | Exception | None],
-        unfinished: collections.deque[CommandRun],
-    ) -> None:
-        try:
-            async for message in requests:
-                kind = message.WhichOneof("kind")
-                if kind == "start":
-                    start = message.start
-                    require_lease_token(self._m, context, start.sandbox_id)
-                    if not start.command.strip():
-                        raise EmptyCommand("command is empty", sandbox_id=start.sandbox_id)
-                    run = self._m.start_command(start.sandbox_id, _command_spec(start))
-                    unfinished.append(run)
-                    queued.put_nowait(run)
-                    continue
-                while unfinished and unfinished[0].finished:
-                    unfinished.popleft()
-                target = unfinished[0] if unfinished else None
-                if kind == "signal":
-                    signal = _SIGNALS.get(message.signal.signal)
-                    if signal is not None and target is not None:
-                        target.request_signal(signal)
-                elif kind == "stdin":
-                    if target is None or not target.spec.open_stdin:
-                        if target is not None:
-                            target.request_signal("KILL")
-                        raise StdinNotOpen("stdin was not opened (set start.open_stdin)")
-                    await target.write_stdin(message.stdin.data, message.stdin.close)
-        except Exception as exc:  # ends the call once the commands queued before it are done
-            queued.put_nowait(exc)
-        else:
-            queued.put_nowait(None)
-
-    async def GetDiff(self, request: pb.GetDiffRequest, context) -> pb.GetDiffResponse:
+    async def GetDiff(self, request: pb.GetDiffRequest, context: Any) -> pb.GetDiffResponse:
         require_lease_token(self._m, context, request.sandbox_id)
         result = await self._m.diff(
             request.sandbox_id, request.base_ref, request.include_untracked, request.path
@@ -263,12 +207,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
 
     async def RenewSandbox(
-        self, request: pb.RenewSandboxRequest, context
+        self, request: pb.RenewSandboxRequest, context: Any
     ) -> pb.RenewSandboxResponse:
         record = await self._m.renew(request.sandbox_id, seconds_of(request.ttl))
         return pb.RenewSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
-    async def BindSandbox(self, request: pb.BindSandboxRequest, context) -> pb.BindSandboxResponse:
+    async def BindSandbox(
+        self, request: pb.BindSandboxRequest, context: Any
+    ) -> pb.BindSandboxResponse:
         record = await self._m.bind(
             request.sandbox_id,
             request.lease_id,
@@ -279,17 +225,19 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         return pb.BindSandboxResponse(sandbox=sandbox_to_pb(record, self._node))
 
     async def DestroySandbox(
-        self, request: pb.DestroySandboxRequest, context
+        self, request: pb.DestroySandboxRequest, context: Any
     ) -> pb.DestroySandboxResponse:
         return pb.DestroySandboxResponse(existed=await self._m.destroy(request.sandbox_id))
 
     async def ListSandboxes(
-        self, request: pb.ListSandboxesRequest, context
+        self, request: pb.ListSandboxesRequest, context: Any
     ) -> pb.ListSandboxesResponse:
-        records = self._m.list(dict(request.label_selector))
+        records = self._m.list_sandboxes(dict(request.label_selector))
         return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, self._node) for r in records])
 
-    async def GetNodeInfo(self, request: pb.GetNodeInfoRequest, context) -> pb.GetNodeInfoResponse:
+    async def GetNodeInfo(
+        self, request: pb.GetNodeInfoRequest, context: Any
+    ) -> pb.GetNodeInfoResponse:
         info = await self._m.node_info()
         return pb.GetNodeInfoResponse(
             node_id=info.node_id,
@@ -303,7 +251,9 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             memory_bytes=info.memory_bytes,
         )
 
-    async def ListImages(self, request: pb.ListImagesRequest, context) -> pb.ListImagesResponse:
+    async def ListImages(
+        self, request: pb.ListImagesRequest, context: Any
+    ) -> pb.ListImagesResponse:
         rows = await self._m.list_images()
         return pb.ListImagesResponse(
             images=[
@@ -318,7 +268,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
 
     async def EnsureImages(
-        self, request: pb.EnsureImagesRequest, context
+        self, request: pb.EnsureImagesRequest, context: Any
     ) -> AsyncIterator[pb.EnsureImagesResponse]:
         events = self._m.ensure_images(
             list(request.images), request.mirror_prefix, request.concurrency or 4
@@ -340,7 +290,7 @@ def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
     return pb.EnsureImagesResponse(
         result=pb.ImagePullResult(
             image=event.image,
-            status=_PULL_STATUS[event.status],
+            status=PULL_STATUS_TO_PB[event.status],
             reason=event.reason,
             message=event.message,
             duration=duration_pb(event.duration_s),

@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -54,6 +55,8 @@ PAUSE_AT, RESUME_AT = 64, 8
 _SIDE_FIFOS = ("ctl", "baton0", "baton1")
 # The watchdog reads a timeout as %012.3f seconds.
 MAX_TIMEOUT_S = 99_999_999.0
+# The signals a caller can send a running command (names for `kill -s`).
+SIGNALS = ("INT", "TERM", "KILL")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _generation = itertools.count(1)
 
@@ -875,9 +878,7 @@ class CommandRun:
         if opening is not None and not opening.done() and self._stdin_fifo is not None:
             # A thread still blocked opening the stdin FIFO returns once a reader shows up.
             _unblock_fifo(self._stdin_fifo)
-            opening.add_done_callback(
-                lambda f: f.cancelled() or f.exception() or os.close(f.result())
-            )
+            opening.add_done_callback(_close_opened)
         if self._stdin_fifo is not None:
             with contextlib.suppress(OSError):
                 self._stdin_fifo.unlink()
@@ -917,7 +918,8 @@ class CommandRun:
         assert self._stdin_ready is not None
         finished = asyncio.ensure_future(self.wait_finished())
         try:
-            await asyncio.wait({opening, finished}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {opening, finished}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         finally:
             finished.cancel()
         if opening.done() and not opening.cancelled() and opening.exception() is None:
@@ -941,6 +943,12 @@ class CommandRun:
                 self._on_eof()
 
         self._shell.spawn(escalate())
+
+
+def _close_opened(opening: asyncio.Future[int]) -> None:
+    """Closes the descriptor an abandoned open produced, if it produced one."""
+    if not opening.cancelled() and opening.exception() is None:
+        os.close(opening.result())
 
 
 def ensure_io_dir(path: Path) -> Path:

@@ -80,7 +80,7 @@ async def node_factory(tmp_path, base_image) -> AsyncIterator:
     yield factory
     for running in started:
         manager = running.node.manager
-        for record in list(manager.list({})):
+        for record in list(manager.list_sandboxes({})):
             await manager.destroy(record.sandbox_id)
         await running.channel.close()
         await running.node.stop(0)
