@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from swerl.chassis.client import error_info, make_channel
 from swerl.chassis.timeconv import duration_pb
@@ -143,7 +143,13 @@ class GrpcNodeConnection:
         self.address = address
         self._channel = make_channel(address, token=token, extra_options=_NODE_CHANNEL_OPTIONS)
         self._stub = sandbox_pb2_grpc.SandboxServiceStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        # grpc.health.v1's Watch, built as its stub builds it: the typed stubs of
+        # grpcio-health-checking declare HealthStub without its methods.
+        self._health_watch = self._channel.unary_stream(
+            "/grpc.health.v1.Health/Watch",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
         self._timeout_s = timeout_s
 
     async def _call(self, method, request, timeout_s: float | None = None):
@@ -177,7 +183,8 @@ class GrpcNodeConnection:
                 resources=pb.Resources(
                     cpus=request.cpus, memory_bytes=request.memory_bytes, pids=request.pids
                 ),
-                network=request.network,
+                # The caller's NetworkMode number, carried unchanged from its SandboxSpec.
+                network=cast("pb.NetworkMode", request.network),
                 labels=dict(request.labels),
                 ttl=duration_pb(request.ttl_s),
                 lease_id=request.lease_id,
@@ -224,7 +231,7 @@ class GrpcNodeConnection:
         return [_facts(s) for s in r.sandboxes]
 
     async def watch_health(self) -> AsyncIterator[bool]:
-        call = self._health.Watch(health_pb2.HealthCheckRequest(service=""))
+        call = self._health_watch(health_pb2.HealthCheckRequest(service=""))
         try:
             async for response in call:
                 yield response.status == health_pb2.HealthCheckResponse.SERVING
