@@ -36,6 +36,17 @@ from swerl.pool.v1 import pool_pb2_grpc
 
 log = structlog.get_logger("swerl.pool.client")
 
+# The reason a lease was lost, as `PoolLease.lost_reason` and `LeaseLost` name it.
+LOSS_REASON_NAMES: dict[pb.LeaseLossReason, str] = {
+    pb.LEASE_LOSS_REASON_UNSPECIFIED: "UNSPECIFIED",
+    pb.LEASE_LOSS_REASON_RELEASED: "RELEASED",
+    pb.LEASE_LOSS_REASON_EXPIRED: "EXPIRED",
+    pb.LEASE_LOSS_REASON_NODE_LOST: "NODE_LOST",
+    pb.LEASE_LOSS_REASON_SANDBOX_LOST: "SANDBOX_LOST",
+    pb.LEASE_LOSS_REASON_REVOKED: "REVOKED",
+    pb.LEASE_LOSS_REASON_NOT_FOUND: "NOT_FOUND",
+}
+
 _FOREVER = 10**9
 
 
@@ -232,10 +243,9 @@ class _Keeper:
                 if (lease := self.leases.get(response.expiry.lease_id)) is not None:
                     lease._apply(response.expiry)
             elif kind == "lost":
-                reason = pb.LeaseLossReason.Name(response.lost.reason)
                 self._lose(
                     response.lost.lease_id,
-                    reason.removeprefix("LEASE_LOSS_REASON_"),
+                    LOSS_REASON_NAMES[response.lost.reason],
                     response.lost.message,
                 )
             if not self.leases:

@@ -7,10 +7,47 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
-from swerl.pool.leases import AcquireRequest as DomainAcquire
-from swerl.pool.leases import Expiry, ExpiryBatch, Lease, Node, Pool, Spec, Watcher
+from swerl.pool.leases import Pool
+from swerl.pool.model import AcquireRequest as DomainAcquire
+from swerl.pool.model import (
+    Expiry,
+    ExpiryBatch,
+    Lease,
+    LeaseState,
+    LossReason,
+    Lost,
+    Node,
+    NodeState,
+    Spec,
+    Watcher,
+)
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
+
+# The domain's enums and the contract's, value for value (a test checks both sides are covered).
+LEASE_STATE_TO_PB: dict[LeaseState, pb.LeaseState] = {
+    LeaseState.PENDING: pb.LEASE_STATE_PENDING,
+    LeaseState.ACTIVE: pb.LEASE_STATE_ACTIVE,
+    LeaseState.RELEASING: pb.LEASE_STATE_RELEASING,
+    LeaseState.ENDED: pb.LEASE_STATE_ENDED,
+}
+LEASE_STATE_FROM_PB: dict[pb.LeaseState, LeaseState] = {v: k for k, v in LEASE_STATE_TO_PB.items()}
+LOSS_REASON_TO_PB: dict[LossReason, pb.LeaseLossReason] = {
+    LossReason.RELEASED: pb.LEASE_LOSS_REASON_RELEASED,
+    LossReason.EXPIRED: pb.LEASE_LOSS_REASON_EXPIRED,
+    LossReason.NODE_LOST: pb.LEASE_LOSS_REASON_NODE_LOST,
+    LossReason.SANDBOX_LOST: pb.LEASE_LOSS_REASON_SANDBOX_LOST,
+    LossReason.REVOKED: pb.LEASE_LOSS_REASON_REVOKED,
+    LossReason.NOT_FOUND: pb.LEASE_LOSS_REASON_NOT_FOUND,
+}
+NODE_STATE_TO_PB: dict[NodeState, pb.NodeState] = {
+    NodeState.PENDING: pb.NODE_STATE_PENDING,
+    NodeState.HEALTHY: pb.NODE_STATE_HEALTHY,
+    NodeState.UNHEALTHY: pb.NODE_STATE_UNHEALTHY,
+    NodeState.DRAINING: pb.NODE_STATE_DRAINING,
+    NodeState.DRAINED: pb.NODE_STATE_DRAINED,
+}
+NODE_STATE_FROM_PB: dict[pb.NodeState, NodeState] = {v: k for k, v in NODE_STATE_TO_PB.items()}
 
 
 def spec_from_pb(spec: pb.SandboxSpec) -> Spec:
@@ -36,14 +73,14 @@ def lease_to_pb(lease: Lease, *, with_token: bool) -> pb.Lease:
         instance_id=lease.instance_id,
         owner=lease.owner,
         create_time=timestamp_pb(lease.create_time),
-        state=pb.LeaseState.Value("LEASE_STATE_" + lease.state),
+        state=LEASE_STATE_TO_PB[lease.state],
         from_warm_spare=lease.from_warm_spare,
         wait_duration=duration_pb(lease.wait_duration_s),
     )
     if lease.expire_time:
         message.expire_time.CopyFrom(timestamp_pb(lease.expire_time))
     if lease.loss_reason:
-        message.loss_reason = pb.LeaseLossReason.Value("LEASE_LOSS_REASON_" + lease.loss_reason)
+        message.loss_reason = LOSS_REASON_TO_PB[lease.loss_reason]
     return message
 
 
@@ -51,7 +88,7 @@ def node_to_pb(node: Node) -> pb.Node:
     message = pb.Node(
         node_id=node.node_id,
         address=node.address,
-        state=pb.NodeState.Value("NODE_STATE_" + node.state),
+        state=NODE_STATE_TO_PB[node.state],
         capacity=node.capacity,
         lease_count=len(node.leases),
         warm_spare_count=sum(1 for s in node.spares.values() if s.ready and not s.destroying),
@@ -90,7 +127,7 @@ def _expiry_batch_to_pb(batch: ExpiryBatch) -> pb.KeepAliveResponse:
     return response
 
 
-def _event_to_pb(event) -> pb.KeepAliveResponse:
+def _event_to_pb(event: Expiry | ExpiryBatch | Lost) -> pb.KeepAliveResponse:
     if isinstance(event, ExpiryBatch):
         return _expiry_batch_to_pb(event)
     if isinstance(event, Expiry):
@@ -98,7 +135,7 @@ def _event_to_pb(event) -> pb.KeepAliveResponse:
     return pb.KeepAliveResponse(
         lost=pb.LeaseLost(
             lease_id=event.lease_id,
-            reason=pb.LeaseLossReason.Value("LEASE_LOSS_REASON_" + event.reason),
+            reason=LOSS_REASON_TO_PB[event.reason],
             message=event.message,
         )
     )
@@ -187,20 +224,14 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             instance_id=request.instance_id,
             image=request.image,
             states=[
-                pb.LeaseState.Name(s).removeprefix("LEASE_STATE_")
-                for s in request.states
-                if s != pb.LEASE_STATE_UNSPECIFIED
+                LEASE_STATE_FROM_PB[s] for s in request.states if s != pb.LEASE_STATE_UNSPECIFIED
             ],
         )
         return pb.ListLeasesResponse(leases=[lease_to_pb(x, with_token=False) for x in leases])
 
     async def ListNodes(self, request: pb.ListNodesRequest, context) -> pb.ListNodesResponse:
         nodes = self._pool.list_nodes(
-            [
-                pb.NodeState.Name(s).removeprefix("NODE_STATE_")
-                for s in request.states
-                if s != pb.NODE_STATE_UNSPECIFIED
-            ]
+            [NODE_STATE_FROM_PB[s] for s in request.states if s != pb.NODE_STATE_UNSPECIFIED]
         )
         return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in nodes])
 
