@@ -14,28 +14,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from swerl.agent.config import AgentConfig
-from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
 from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.judging import (
+    StepJudge,
+    StepScore,
+    StepScoreState,
+    TurnToJudge,
+    trajectory_reward,
+    turn_reward,
+)
+from swerl.agent.modes import ContextExhausted, Policy
 from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.policy import PolicyUnavailable
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
 from swerl.agent.sandbox import SandboxHandle, SandboxProvider
-from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory, codec_key, worker_call
+from swerl.agent.status import EpisodeStatus
+from swerl.agent.tokens import TokenRecordData
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.agent.wire import episode_status_pb, step_score_pb
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
 
 T = TypeVar("T")
-S = pb.EpisodeStatus
-_GRADED = {S.EPISODE_STATUS_SUBMITTED, S.EPISODE_STATUS_LIMIT_TURNS}
-_GRADED |= {S.EPISODE_STATUS_LIMIT_CONTEXT, S.EPISODE_STATUS_LIMIT_TIME}
 _OUTPUT_HEAD_CHARS = 1000
 
 
@@ -50,31 +56,11 @@ class PrmSpec:
 
 
 @dataclass(frozen=True)
-class StepToJudge:
-    """What a PRM judge gets for one turn (seam for swerl.prm)."""
-
-    turn_index: int
-    issue: str
-    history: list[dict[str, str]]
-    response: str
-    action: str
-    exit_code: int
-    output: str
-    seed: int
-
-
-class StepJudge(Protocol):
-    """Scores one step; returns (state, score, valid_votes). Implemented over PrmService."""
-
-    async def judge(self, step: StepToJudge) -> tuple[int, float, int]: ...
-
-
-@dataclass(frozen=True)
 class EpisodeSpec:
     episode_id: str
     instance: evaluate_pb2.SweInstance
     config: AgentConfig
-    api: int  # pb.PolicyApi
+    api: pb.PolicyApi
     endpoint: str
     model: str
     sampling_params: dict[str, Any]
@@ -102,40 +88,39 @@ class Clock:
     agent_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class EpisodeDeps:
+    """What every episode of one agent shares: sandboxes, the CPU pool and the pacing."""
+
+    provider: SandboxProvider
+    executor: Executor | None = None
+    write_artifacts: Callable[[Episode, pb.EpisodeResult], Awaitable[str]] | None = None
+    # Final results of ending episodes: at most so many per loop iteration.
+    result_gate: IterationGate | None = None
+    # Token records are built in the CPU pool one episode at a time.
+    records_slot: asyncio.Semaphore | None = None
+
+
 class Episode:
     def __init__(
         self,
         spec: EpisodeSpec,
         *,
-        provider: SandboxProvider,
-        executor: Executor | None,
+        policy: Policy,
+        deps: EpisodeDeps,
         emit: Callable[[pb.RunEpisodeResponse], None],
-        codec: ChatCodec | None = None,
-        token_policy: TokenPolicy | None = None,
-        chat_policy: ChatPolicy | None = None,
         judge: StepJudge | None = None,
-        write_artifacts: Callable[..., Awaitable[str]] | None = None,
-        tokenizer_pool: Executor | None = None,
-        result_gate: IterationGate | None = None,
-        records_slot: asyncio.Semaphore | None = None,
     ) -> None:
         self.spec = spec
-        self._result_gate = result_gate
-        self._records_slot = records_slot
-        self._provider = provider
-        self._executor = executor
+        self._policy = policy
+        self._deps = deps
+        self._provider = deps.provider
         self._emit = emit
-        self._codec = codec
-        self._tokenizer_pool = tokenizer_pool
-        self._token_policy = token_policy
-        self._chat_policy = chat_policy
         self._judge = judge
-        self._write_artifacts = write_artifacts
         self.clock = Clock()
-        self.status = S.EPISODE_STATUS_UNSPECIFIED
+        self.status: EpisodeStatus | None = None
         self.error_reason = ""
         self.error_message = ""
-        self.trajectory: Trajectory | None = None
         self.messages: list[dict[str, str]] = []
         self.steps: list[dict[str, Any]] = []
         self.turns = 0
@@ -144,10 +129,14 @@ class Episode:
         self.patch = b""
         self.report: evaluate_pb2.EvaluationReport | None = None
         self.reward: float | None = None
-        self.scores: dict[int, pb.StepScore] = {}
+        self.scores: dict[int, StepScore] = {}
         self._prm_tasks: list[asyncio.Task[None]] = []
         self._work: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
+
+    @property
+    def graded(self) -> bool:
+        return self.status is not None and self.status.graded
 
     # -- control -------------------------------------------------------------------------------
 
@@ -168,19 +157,19 @@ class Episode:
         except asyncio.CancelledError:
             if self._cancel_reason is None:
                 raise  # the whole call was cancelled: nothing to return
-            self._end(S.EPISODE_STATUS_CANCELLED, "CANCELLED", self._cancel_reason)
+            self._end(EpisodeStatus.CANCELLED, "CANCELLED", self._cancel_reason)
         except EpisodeInfraError as err:
-            self._end(S.EPISODE_STATUS_INFRA_ERROR, err.reason, err.message)
+            self._end(EpisodeStatus.INFRA_ERROR, err.reason, err.message)
         except PolicyUnavailable as err:
-            self._end(S.EPISODE_STATUS_INFRA_ERROR, err.reason, err.message)
+            self._end(EpisodeStatus.INFRA_ERROR, err.reason, err.message)
         finally:
             for task in self._prm_tasks:
                 task.cancel()
-        if self.status not in _GRADED or self.report is None:
+        if not self.graded or self.report is None:
             self.reward = None
         return await self._result()
 
-    def _end(self, status: int, reason: str = "", message: str = "") -> None:
+    def _end(self, status: EpisodeStatus, reason: str = "", message: str = "") -> None:
         self.status = status
         self.error_reason, self.error_message = reason, message
 
@@ -226,19 +215,19 @@ class Episode:
                     if lost in done:
                         reason, message = sandbox.lost_detail()
                         raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
-                    self._end(S.EPISODE_STATUS_LIMIT_TIME)
+                    self._end(EpisodeStatus.LIMIT_TIME)
             finally:
                 lost.cancel()
                 if not loop.done():
                     loop.cancel()
                 self.clock.agent_s = time.monotonic() - agent_started
-            if self.status in _GRADED:
+            if self.graded:
                 if self.submission is not None:
                     self.patch = self.submission.encode()
                 else:
                     self.patch = await self._guarded(sandbox, sandbox.diff())
         # The agent's sandbox is released here, before the grading sandbox is leased.
-        if self.status in _GRADED and not spec.skip_evaluation:
+        if self.graded and not spec.skip_evaluation:
             await self._evaluate()
         if self._prm_tasks:
             await asyncio.gather(*self._prm_tasks, return_exceptions=True)
@@ -250,82 +239,37 @@ class Episode:
             "instance_template", task=spec.instance.problem_statement, instance=spec.instance
         )
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        if self._codec is None:
-            return 0
-        prompt_ids = await self._tok("render_prompt", system, user)
-        self.trajectory = Trajectory(prompt_ids)
-        return len(prompt_ids)
+        return await self._policy.open(system, user)
 
     async def _agent_loop(self, sandbox: SandboxHandle) -> None:
         spec = self.spec
-        window = None
-        if self.trajectory is not None and self._codec is not None:
-            codec = self._codec
-
-            def marker(n: int) -> list[int]:
-                return codec.user_message_ids(spec.config.render("omission_template", n_omitted=n))
-
-            window = ContextWindow(
-                self.trajectory.prompt_ids,
-                codec.header_ids,
-                marker,
-                ContextPolicy(spec.max_context_tokens),
-            )
         for index in range(spec.max_turns):
             turns_left = spec.max_turns - index - 1
-            trimmed = False
-            started = time.monotonic()
-            if window is not None:
-                assert self._token_policy is not None and self.trajectory is not None
-                try:
-                    if window.fits(spec.max_new_tokens):
-                        # An array copy (~µs): cheaper than a hop to the thread pool.
-                        prompt, trimmed = window.next_prompt(spec.max_new_tokens)
-                    else:  # a cut tokenizes the omission marker
-                        prompt, trimmed = await self._cpu(window.next_prompt, spec.max_new_tokens)
-                except ContextExhausted as err:
-                    self._end(S.EPISODE_STATUS_LIMIT_CONTEXT, "", str(err))
-                    return
-                gen = await self._token_policy.generate(prompt, spec.max_new_tokens)
-            else:
-                assert self._chat_policy is not None
-                prompt = []
-                gen = await self._chat_policy.chat(self.messages, spec.max_new_tokens)
-            model_s = time.monotonic() - started
-            self.clock.model_s += model_s
-            if gen.finish_reason == "abort":
-                self._end(S.EPISODE_STATUS_ABORTED, "POLICY_ABORTED", "the policy aborted")
+            try:
+                answer = await self._policy.respond(self.messages)
+            except ContextExhausted as err:
+                self._end(EpisodeStatus.LIMIT_CONTEXT, "", str(err))
+                return
+            self.clock.model_s += answer.model_s
+            if answer.aborted:
+                self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", "the policy aborted")
                 return
             self.turns += 1
-            text = await self._response_text(gen)
-            if self.trajectory is not None:
-                self.trajectory.add_turn(prompt, gen.output_ids, gen.logprobs, gen.weight_version)
-            self.messages.append({"role": "assistant", "content": text})
-            turn = await self._act(sandbox, index, text, turns_left)
+            self.messages.append({"role": "assistant", "content": answer.text})
+            turn = await self._act(sandbox, index, answer.text, turns_left)
             turn.index = index
-            turn.prompt_tokens = len(prompt)
-            turn.response_tokens = len(gen.output_ids)
-            turn.context_trimmed = trimmed
-            turn.finish_reason = gen.finish_reason
-            turn.model_duration.CopyFrom(duration_pb(model_s))
-            observation = self.messages[-1]["content"] if not turn.submitted else ""
+            turn.prompt_tokens = answer.prompt_tokens
+            turn.response_tokens = answer.response_tokens
+            turn.context_trimmed = answer.context_trimmed
+            turn.finish_reason = answer.finish_reason
+            turn.model_duration.CopyFrom(duration_pb(answer.model_s))
             if turn.submitted:
                 self._emit(pb.RunEpisodeResponse(turn=turn))
-                self._end(S.EPISODE_STATUS_SUBMITTED)
+                self._end(EpisodeStatus.SUBMITTED)
                 return
-            if self.trajectory is not None and self._codec is not None:
-                delta = await self._tok("observation_delta", gen.output_ids, observation)
-                self.trajectory.set_delta(delta)
-                turn.observation_tokens = len(delta)
-                if window is not None:
-                    window.append(self.trajectory.units[-1])
+            turn.observation_tokens = await self._policy.observe(self.messages[-1]["content"])
             self._emit(pb.RunEpisodeResponse(turn=turn))
-        self._end(S.EPISODE_STATUS_LIMIT_TURNS)
-
-    async def _response_text(self, gen: Generation) -> str:
-        if self._codec is not None and gen.output_ids:
-            return await self._tok("decode", gen.output_ids)
-        return gen.text or ""
+        self._end(EpisodeStatus.LIMIT_TURNS)
 
     async def _act(
         self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
@@ -439,47 +383,40 @@ class Episode:
         resolved = report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
         self.reward = 1.0 if resolved else -1.0
 
-    # -- PRM seam ------------------------------------------------------------------------------
+    # -- PRM ---------------------------------------------------------------------------------
 
     def _schedule_prm(
         self, index: int, response: str, action: str | None, exit_code: int, output: str
     ) -> None:
-        prm = self.spec.prm
-        if not prm.enabled:
+        if not self.spec.prm.enabled:
             return
         if action is None:
-            self._score(pb.StepScore(turn_index=index, state=pb.STEP_SCORE_STATE_NOT_JUDGED))
+            self._score(StepScore(index, StepScoreState.NOT_JUDGED))
             return
         if self._judge is None:
-            self._score(pb.StepScore(turn_index=index, state=pb.STEP_SCORE_STATE_FAILED))
+            self._score(StepScore(index, StepScoreState.FAILED))
             return
-        step = StepToJudge(
+        turn = TurnToJudge(
             turn_index=index,
             issue=self.spec.instance.problem_statement,
-            history=list(self.messages[:-1]),
             response=response,
             action=action,
             exit_code=exit_code,
             output=output,
-            seed=prm.seed + index * max(prm.m, 1),
         )
-        self._prm_tasks.append(asyncio.ensure_future(self._judge_step(step)))
+        self._prm_tasks.append(asyncio.ensure_future(self._judge_turn(self._judge, turn)))
 
-    async def _judge_step(self, step: StepToJudge) -> None:
-        assert self._judge is not None
+    async def _judge_turn(self, judge: StepJudge, turn: TurnToJudge) -> None:
         try:
-            state, score, votes = await asyncio.wait_for(
-                self._judge.judge(step), self.spec.prm.timeout_s
-            )
-        except Exception:
-            state, score, votes = pb.STEP_SCORE_STATE_FAILED, 0.0, 0
-        self._score(
-            pb.StepScore(turn_index=step.turn_index, score=score, valid_votes=votes, state=state)
-        )
+            judged = await asyncio.wait_for(judge.judge(turn), self.spec.prm.timeout_s)
+        except Exception:  # a judge that fails costs its turn's score, never the episode
+            judged = StepScore(turn.turn_index, StepScoreState.FAILED)
+        # Keyed by the turn it was asked for, whatever the judge wrote: no score changes turns.
+        self._score(StepScore(turn.turn_index, judged.state, judged.score, judged.valid_votes))
 
-    def _score(self, score: pb.StepScore) -> None:
+    def _score(self, score: StepScore) -> None:
         self.scores[score.turn_index] = score
-        self._emit(pb.RunEpisodeResponse(prm_score=score))
+        self._emit(pb.RunEpisodeResponse(prm_score=step_score_pb(score)))
 
     # -- result --------------------------------------------------------------------------------
 
@@ -523,40 +460,37 @@ class Episode:
             message.reward = reward
 
     def _shaped(self, turn_index: int | None) -> float | None:
+        """The reward of the whole trajectory (`turn_index` None) or of one turn, with the
+        PRM's step scores folded in when the episode asked for them."""
         if self.reward is None:
             return None
         prm = self.spec.prm
         if not prm.enabled or not prm.coef:
             return self.reward
-        scored = [s for s in self.scores.values() if s.state == pb.STEP_SCORE_STATE_SCORED]
         if turn_index is None:
-            bonus = sum(s.score for s in scored) / len(scored) if scored else 0.0
-        else:
-            s = self.scores.get(turn_index)
-            bonus = s.score if s is not None and s.state == pb.STEP_SCORE_STATE_SCORED else 0.0
-        return self.reward + prm.coef * bonus
+            return trajectory_reward(self.reward, self.scores.values(), prm.coef)
+        return turn_reward(self.reward, self.scores.get(turn_index), prm.coef)
 
     def _fill_records(self, result: pb.EpisodeResult) -> None:
         """The token records, written into the final message (in the CPU pool: a long
         episode's records hold hundreds of thousands of ids)."""
-        assert self.trajectory is not None
-        trajectory = self.trajectory
         if self.spec.dynamic_history:
-            for index, record in enumerate(trajectory.turn_records):
+            for index, record in enumerate(self._policy.turn_records()):
                 self._fill_record(result.turns.add(), record, self._shaped(index))
         else:
-            self._fill_record(result.trajectory, trajectory.whole_record(), self._shaped(None))
+            self._fill_record(result.trajectory, self._policy.whole_record(), self._shaped(None))
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
-        if self._result_gate is not None:
-            await self._result_gate.wait_turn()
+        deps = self._deps
+        if deps.result_gate is not None:
+            await deps.result_gate.wait_turn()
         # Built in place inside the final stream message: copying a message with whole token
         # records (constructor or CopyFrom) cost ~0.2 ms per 7k ids on the event loop.
         response = pb.RunEpisodeResponse()
         result = response.result
         result.episode_id = spec.episode_id
-        result.status = self.status  # type: ignore[assignment]
+        result.status = episode_status_pb(self.status)
         result.patch = self.patch
         result.error_reason = self.error_reason
         result.error_message = self.error_message[:2000]
@@ -564,32 +498,19 @@ class Episode:
             result.reward = self.reward
         if self.report is not None:
             result.report.CopyFrom(self.report)
-        if self.trajectory is not None and self.trajectory.units:
-            async with self._records_slot or contextlib.nullcontext():
+        if self._policy.recorded_turns:
+            async with deps.records_slot or contextlib.nullcontext():
                 await self._cpu(self._fill_records, result)
         if spec.prm.enabled:
-            result.step_scores.extend(self.scores[i] for i in sorted(self.scores))
+            result.step_scores.extend(step_score_pb(self.scores[i]) for i in sorted(self.scores))
         result.metrics.update(self.metrics())
-        if spec.artifact_dir and self._write_artifacts is not None:
+        if spec.artifact_dir and deps.write_artifacts is not None:
             with contextlib.suppress(OSError):
-                result.artifact_dir = await self._write_artifacts(self, result)
+                result.artifact_dir = await deps.write_artifacts(self, result)
         return response
 
-    async def _tok(self, method: str, *args: Any) -> Any:
-        """A ChatCodec call: in a tokenizer worker process when the agent has them."""
-        assert self._codec is not None
-        if self._tokenizer_pool is not None:
-            key = codec_key(self._codec.path, self._codec.template_kwargs)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._tokenizer_pool, worker_call, key, method, *args)
-        return await self._cpu(getattr(self._codec, method), *args)
-
     async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-
-def new_request_id() -> str:
-    return uuid.uuid4().hex
+        return await asyncio.get_running_loop().run_in_executor(self._deps.executor, fn, *args)
 
 
 def sampling_params_of(struct: Mapping[str, Any]) -> dict[str, Any]:

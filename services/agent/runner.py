@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from swerl.agent.artifacts import write_artifacts
 from swerl.agent.config import load_config
-from swerl.agent.episode import Episode, EpisodeSpec, PrmSpec, StepJudge, sampling_params_of
+from swerl.agent.episode import Episode, EpisodeDeps, EpisodeSpec, PrmSpec, sampling_params_of
 from swerl.agent.errors import (
     AgentAtCapacity,
     EpisodeRunning,
@@ -25,6 +25,8 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
+from swerl.agent.judging import StepJudge
+from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
 from swerl.agent.sandbox import SandboxProvider
@@ -34,6 +36,9 @@ from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 from swerl.chassis.timeconv import seconds_of
+
+# Builds the PRM judge of one PRM-enabled episode from its PrmSpec and episode id.
+JudgeFactory = Callable[[PrmSpec, str], StepJudge]
 
 
 def _worker_init() -> None:
@@ -60,7 +65,7 @@ class EpisodeRunner:
         settings: AgentSettings,
         provider: SandboxProvider,
         *,
-        judge_factory: Any = None,
+        judge_factory: JudgeFactory | None = None,
     ) -> None:
         self.settings = settings
         self.provider = provider
@@ -88,6 +93,17 @@ class EpisodeRunner:
         self._records_slot = asyncio.Semaphore(1)
         self._policy_retrying = connect_retrying(
             settings.policy_connect_attempts, settings.policy_connect_max_delay_s
+        )
+
+        async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:
+            return await write_artifacts(episode, result, self.executor)
+
+        self._deps = EpisodeDeps(
+            provider=provider,
+            executor=self.executor,
+            write_artifacts=artifacts,
+            result_gate=self._result_gate,
+            records_slot=self._records_slot,
         )
 
     def session(self) -> aiohttp.ClientSession:
@@ -207,6 +223,46 @@ class EpisodeRunner:
             ),
         )
 
+    async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:
+        """The episode's policy in its mode: exact tokens (SGLang) or chat text (OpenAI)."""
+        settings = self.settings
+        if spec.api == pb.POLICY_API_SGLANG_GENERATE:
+            codec = await self.codec(tokenizer_path, spec.config.chat_template_kwargs)
+            client = SglangPolicy(
+                self.session(),
+                spec.endpoint,
+                spec.sampling_params,
+                request_timeout_s=spec.request_timeout_s,
+                executor=self.executor,
+                retrying=self._policy_retrying,
+            )
+            config = spec.config
+
+            def omission_text(n_omitted: int) -> str:
+                return config.render("omission_template", n_omitted=n_omitted)
+
+            return TokenMode(
+                client,
+                codec,
+                max_context_tokens=spec.max_context_tokens,
+                max_new_tokens=spec.max_new_tokens,
+                omission_text=omission_text,
+                executor=self.executor,
+                tokenizer_pool=self.tokenizer_pool,
+            )
+        key = settings.openai_api_key
+        chat = OpenAIChatPolicy(
+            self.session(),
+            spec.endpoint,
+            spec.model,
+            spec.sampling_params,
+            request_timeout_s=spec.request_timeout_s,
+            api_key=key.get_secret_value() if key else None,
+            connect_attempts=settings.policy_connect_attempts,
+            connect_max_delay_s=settings.policy_connect_max_delay_s,
+        )
+        return ChatMode(chat, max_new_tokens=spec.max_new_tokens)
+
     async def stream(
         self, requests: AsyncIterator[pb.RunEpisodeRequest]
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
@@ -224,54 +280,12 @@ class EpisodeRunner:
                 f"this agent runs {len(self.running)} episodes (max_episodes)",
                 max_episodes=self.settings.max_episodes,
             )
-        settings = self.settings
-        codec = token_policy = chat_policy = None
-        if spec.api == pb.POLICY_API_SGLANG_GENERATE:
-            codec = await self.codec(
-                first.start.policy.tokenizer_path, spec.config.chat_template_kwargs
-            )
-            token_policy = SglangPolicy(
-                self.session(),
-                spec.endpoint,
-                spec.sampling_params,
-                request_timeout_s=spec.request_timeout_s,
-                executor=self.executor,
-                retrying=self._policy_retrying,
-            )
-        else:
-            key = settings.openai_api_key
-            chat_policy = OpenAIChatPolicy(
-                self.session(),
-                spec.endpoint,
-                spec.model,
-                spec.sampling_params,
-                request_timeout_s=spec.request_timeout_s,
-                api_key=key.get_secret_value() if key else None,
-                connect_attempts=settings.policy_connect_attempts,
-                connect_max_delay_s=settings.policy_connect_max_delay_s,
-            )
+        policy = await self._policy(spec, first.start.policy.tokenizer_path)
         judge: StepJudge | None = None
         if spec.prm.enabled and self._judge_factory is not None:
             judge = self._judge_factory(spec.prm, spec.episode_id)
         queue: asyncio.Queue[pb.RunEpisodeResponse | None] = asyncio.Queue()
-
-        async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:
-            return await write_artifacts(episode, result, self.executor)
-
-        episode = Episode(
-            spec,
-            provider=self.provider,
-            executor=self.executor,
-            emit=queue.put_nowait,
-            codec=codec,
-            token_policy=token_policy,
-            chat_policy=chat_policy,
-            judge=judge,
-            write_artifacts=artifacts,
-            tokenizer_pool=self.tokenizer_pool,
-            result_gate=self._result_gate,
-            records_slot=self._records_slot,
-        )
+        episode = Episode(spec, policy=policy, deps=self._deps, emit=queue.put_nowait, judge=judge)
         self.running[spec.episode_id] = episode
 
         async def listen() -> None:

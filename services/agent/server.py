@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swerl.agent.runner import EpisodeRunner
+from swerl.agent.runner import EpisodeRunner, JudgeFactory
 from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
 from swerl.agent.settings import AgentSettings
@@ -31,7 +31,7 @@ class AgentServer:
         settings: AgentSettings,
         provider: SandboxProvider | None = None,
         *,
-        judge_factory: Any = None,
+        judge_factory: JudgeFactory | None = None,
     ) -> None:
         self.settings = settings
         self._pool = None
@@ -48,7 +48,7 @@ class AgentServer:
         self._prm = None
         if judge_factory is None:
             # PRM judging over PrmService (swerl.prm); channels open only when an episode asks.
-            from swerl.prm.agent_judge import PrmJudgeFactory
+            from swerl.agent.prm_judge import PrmJudgeFactory
 
             prm_token = settings.prm_auth_token or settings.auth_token
             self._prm = judge_factory = PrmJudgeFactory(
@@ -89,7 +89,11 @@ class AgentServer:
 
 @contextlib.asynccontextmanager
 async def local_agent(
-    pool_address: str, token: str, *, judge_factory: Any = None, **settings: Any
+    pool_address: str,
+    token: str,
+    *,
+    judge_factory: JudgeFactory | None = None,
+    **settings: Any,
 ) -> AsyncIterator[AgentServer]:
     """An agent service on a loopback port, leasing from the pool at `pool_address`."""
     values: dict[str, Any] = {

@@ -78,7 +78,6 @@ class ChatCodec:
             raise TemplateMismatch("empty assistant header or end-of-turn")
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
-        self.vocab_size = len(tokenizer)
 
     def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(

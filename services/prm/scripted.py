@@ -123,10 +123,6 @@ class ScriptedJudge:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def reset_counters(self) -> None:
-        self.requests.clear()
-        self.max_in_flight = self.in_flight
-
     async def start(self, port: int = 0) -> int:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_post("/generate", self._generate)
@@ -146,13 +142,6 @@ class ScriptedJudge:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-    async def serve_forever(self, port: int) -> None:
-        await self.start(port)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await self.stop()
 
     def _reply_for(self, recorded: RecordedRequest) -> Reply:
         for rule in self.rules:

@@ -3,6 +3,7 @@ tokenizer) + EvaluateService. Every bundled task resolves; wrong fixes and garba
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from agent_testkit import (
     start_for,
 )
 
+from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.v1 import agent_pb2 as pb
 
@@ -29,8 +31,6 @@ async def test_every_bundled_task_resolves_with_reward_plus_one(tmp_path: Path) 
     url = await replay.start()
     try:
         async with agent_stack(tokenizer_processes=2) as env:
-            import asyncio
-
             runs = await asyncio.gather(
                 *(
                     run_to_result(
@@ -161,9 +161,9 @@ class _FakeJudge:
     def __init__(self) -> None:
         self.judged: list[int] = []
 
-    async def judge(self, step):
-        self.judged.append(step.turn_index)
-        return pb.STEP_SCORE_STATE_SCORED, 0.1 * (step.turn_index + 1), 3
+    async def judge(self, turn: TurnToJudge) -> StepScore:
+        self.judged.append(turn.turn_index)
+        return StepScore(turn.turn_index, StepScoreState.SCORED, 0.1 * (turn.turn_index + 1), 3)
 
 
 async def test_prm_scores_are_keyed_by_turn_and_format_errors_are_not_judged() -> None:
@@ -196,4 +196,45 @@ async def test_prm_scores_are_keyed_by_turn_and_format_errors_are_not_judged() -
     whole, per_turn = results
     assert abs(whole.trajectory.reward - (1.0 + 0.5 * (0.1 + 0.3 + 0.4 + 0.5) / 4)) < 1e-9
     assert [round(r.reward, 6) for r in per_turn.turns] == [1.05, 1.0, 1.15, 1.2, 1.25]
+    assert sandboxes_left() == []
+
+
+class _TroubledJudge:
+    """Turn 1's judgment raises, turn 2's outlives the PRM timeout, the others score 1."""
+
+    def __init__(self) -> None:
+        self.finished: list[int] = []
+
+    async def judge(self, turn: TurnToJudge) -> StepScore:
+        if turn.turn_index == 1:
+            raise RuntimeError("judge exploded")
+        if turn.turn_index == 2:
+            await asyncio.sleep(60)
+        self.finished.append(turn.turn_index)
+        return StepScore(turn.turn_index, StepScoreState.SCORED, 1.0, 1)
+
+
+async def test_a_judge_that_raises_or_hangs_fails_only_its_own_turn() -> None:
+    task = bundled_tasks()[0]
+    key, script = next(iter(scripts_for_tasks([task]).items()))
+    judge = _TroubledJudge()
+    replay = ReplayPolicyServer({key: script})
+    url = await replay.start()
+    try:
+        async with agent_stack(judge_factory=lambda spec, episode_id: judge) as env:
+            start = start_for(task, url, "prm-troubled")
+            start.prm.enabled, start.prm.coef, start.prm.endpoint = True, 0.5, "unused:1"
+            start.prm.timeout.seconds = 1
+            messages = await run_to_result(env.stub, start)
+    finally:
+        await replay.stop()
+    result = result_of(messages)
+    assert result.status == pb.EPISODE_STATUS_SUBMITTED and result.reward == 1.0
+    states = {s.turn_index: s.state for s in result.step_scores}
+    assert len(states) == len(script)
+    assert states[1] == states[2] == pb.STEP_SCORE_STATE_FAILED
+    others = [s for s in result.step_scores if s.turn_index not in (1, 2)]
+    assert all(s.state == pb.STEP_SCORE_STATE_SCORED and s.score == 1.0 for s in others)
+    # The failed turns take no part in the mean: every usable score is 1.
+    assert abs(result.trajectory.reward - 1.5) < 1e-9
     assert sandboxes_left() == []

@@ -10,6 +10,7 @@ import pytest
 from prm_testkit import TOKEN
 
 from swerl.agent.config import SUBMIT_SENTINEL
+from swerl.agent.prm_judge import PrmJudgeFactory
 from swerl.agent.replay import ReplayPolicyServer, patch_turn, script_key
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
@@ -19,7 +20,6 @@ from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
 from swerl.pool.server import local_stack
-from swerl.prm.agent_judge import PrmJudgeFactory
 from swerl.prm.scripted import HANG, Reply, Rule, verdict
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb

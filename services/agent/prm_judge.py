@@ -1,16 +1,16 @@
-"""The Agent's PRM judge: `swerl.agent.episode.StepJudge` over PrmService.
+"""The agent's `StepJudge` over PrmService, and the factory the agent service builds them with.
 
-The agent service takes a `judge_factory` that it calls once per PRM-enabled episode with the
-episode's `PrmSpec`; `PrmJudgeFactory` is that factory. Each episode gets a `PrmStepJudge`, which
-the episode calls once per executed turn (format-error turns it marks NOT_JUDGED itself) and
-which answers `(StepScoreState, score, valid_votes)`.
+The agent service calls its `judge_factory` once per PRM-enabled episode with the episode's
+`PrmSpec` and id; `PrmJudgeFactory` is that factory and keeps one channel per PRM endpoint.
+Each episode gets a `PrmStepJudge`, which the episode calls once per executed turn (format-error
+turns it marks NOT_JUDGED itself).
 
 The judge keeps the episode's own step history (command, exit code, ends of the output) from the
 turns it is given, in order, and records every turn index it never saw before the current one as
 a format error, so the history the PRM model reads matches the episode turn for turn. Seeds are
 derived by the PRM service from (base seed, episode, step, vote); the episode key is the agent's
-episode id when its step carries one, else a random id per episode, which still keeps the
-episodes of a group from sharing seeds.
+episode id, else a random id per episode, which still keeps the episodes of a group from sharing
+seeds.
 
     factory = PrmJudgeFactory(token=prm_token, default_endpoint="head:18092")
     AgentServer(settings, judge_factory=factory)   # ... and `await factory.close()` at shutdown
@@ -19,37 +19,39 @@ episodes of a group from sharing seeds.
 from __future__ import annotations
 
 import uuid
-from typing import Protocol
 
 import grpc
 
-from swerl.agent.v1 import agent_pb2
+from swerl.agent.episode import PrmSpec
+from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
 from swerl.chassis.client import make_channel
 from swerl.prm.client import PrmClient
-from swerl.prm.episode import HISTORY_OUTPUT_END_CHARS
 from swerl.prm.prompt import CurrentStep, HistoryStep, StepToJudge
-from swerl.prm.scoring import step_score_of
+from swerl.prm.votes import JudgeState, Verdict
+
+# The judge keeps this much of each end of an earlier turn's output; the service cuts further.
+HISTORY_OUTPUT_END_CHARS = 2000
+
+STEP_STATE_OF_JUDGE_STATE: dict[JudgeState, StepScoreState] = {
+    JudgeState.SCORED: StepScoreState.SCORED,
+    JudgeState.NO_VALID_VOTES: StepScoreState.NO_VALID_VOTES,
+    JudgeState.FAILED: StepScoreState.FAILED,
+}
 
 
-class AgentStep(Protocol):
-    """What the agent hands the judge per turn (`swerl.agent.episode.StepToJudge`)."""
-
-    turn_index: int
-    issue: str
-    response: str
-    action: str
-    exit_code: int
-    output: str
-
-
-class PrmSpecLike(Protocol):
-    endpoint: str
-    m: int
-    seed: int
-    timeout_s: float
+def step_score_of(turn_index: int, verdict: Verdict) -> StepScore:
+    """A PRM verdict as the episode's score of that turn (a score only when SCORED)."""
+    state = STEP_STATE_OF_JUDGE_STATE[verdict.state]
+    return StepScore(
+        turn_index=turn_index,
+        state=state,
+        score=verdict.score if state is StepScoreState.SCORED else 0.0,
+        valid_votes=verdict.valid_votes,
+    )
 
 
 def _ends(output: str) -> tuple[str, str]:
+    """Head and tail of an output for the history; all of it in the head when it is short."""
     if len(output) <= 2 * HISTORY_OUTPUT_END_CHARS:
         return output, ""
     return output[:HISTORY_OUTPUT_END_CHARS], output[-HISTORY_OUTPUT_END_CHARS:]
@@ -79,30 +81,27 @@ class PrmStepJudge:
         blank = HistoryStep(action="", exit_code=0, format_error=True)
         return tuple(self._seen.get(i, blank) for i in range(turn_index))
 
-    async def judge(self, step: AgentStep) -> tuple[int, float, int]:
-        """`(agent StepScoreState, score, valid_votes)` for one executed turn; never raises
-        for PRM trouble (it comes back as FAILED)."""
-        index = step.turn_index
+    async def judge(self, turn: TurnToJudge) -> StepScore:
+        """The score of one executed turn; never raises for PRM trouble (it comes back as
+        FAILED)."""
+        index = turn.turn_index
         # Taken before the first await, so concurrent judgments see the turns before them.
         history = self._history_before(index)
-        head, tail = _ends(step.output)
-        self._seen[index] = HistoryStep(step.action, step.exit_code, head, tail)
-        episode_id = getattr(step, "episode_id", "") or self._episode_id
+        head, tail = _ends(turn.output)
+        self._seen[index] = HistoryStep(turn.action, turn.exit_code, head, tail)
         verdict = await self._client.judge_step(
             StepToJudge(
-                episode_id=episode_id,
+                episode_id=self._episode_id,
                 step_index=index,
-                issue=step.issue,
+                issue=turn.issue,
                 history=history,
-                step=CurrentStep(step.response, step.action, step.exit_code, step.output),
+                step=CurrentStep(turn.response, turn.action, turn.exit_code, turn.output),
             ),
             votes=self._votes,
             seed=self._seed,
             timeout_s=self._timeout_s,
         )
-        score = step_score_of(index, verdict)
-        state = agent_pb2.StepScoreState.Value(f"STEP_SCORE_STATE_{score.state.value}")
-        return state, score.score, score.valid_votes
+        return step_score_of(index, verdict)
 
 
 class PrmJudgeFactory:
@@ -120,7 +119,7 @@ class PrmJudgeFactory:
         self._tls_ca_file = tls_ca_file
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def __call__(self, spec: PrmSpecLike, episode_id: str | None = None) -> PrmStepJudge:
+    def __call__(self, spec: PrmSpec, episode_id: str | None = None) -> PrmStepJudge:
         endpoint = spec.endpoint or self._default_endpoint
         if not endpoint:
             raise ValueError("PRM is enabled but no PrmService endpoint is configured")

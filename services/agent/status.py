@@ -1,0 +1,30 @@
+"""How an episode ended (the agent's own enum; `swerl.agent.wire` maps it to the contract)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class EpisodeStatus(enum.Enum):
+    SUBMITTED = "submitted"  # the agent ran the submit command
+    LIMIT_TURNS = "limit_turns"
+    LIMIT_CONTEXT = "limit_context"  # the next turn no longer fits the context window
+    LIMIT_TIME = "limit_time"  # the wall-clock limit of the agent loop
+    CANCELLED = "cancelled"  # a `cancel` message (or the agent shutting down)
+    ABORTED = "aborted"  # the policy server aborted a generation
+    INFRA_ERROR = "infra_error"  # sandbox, policy or grading infrastructure failed
+
+    @property
+    def graded(self) -> bool:
+        """Whether the episode's work is graded (it ended on its own, not by failure)."""
+        return self in _GRADED
+
+
+_GRADED = frozenset(
+    {
+        EpisodeStatus.SUBMITTED,
+        EpisodeStatus.LIMIT_TURNS,
+        EpisodeStatus.LIMIT_CONTEXT,
+        EpisodeStatus.LIMIT_TIME,
+    }
+)
