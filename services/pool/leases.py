@@ -24,6 +24,7 @@ import contextlib
 import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import structlog
 
@@ -122,7 +123,7 @@ class Pool:
         self.settings = settings
         self._state = state = PoolState(settings)
         tokens = Tokens(settings)
-        self._queue_ = Queue(state, tokens)
+        self._requests = Queue(state, tokens)
         self._keepalive = KeepAlive(state, tokens)
         self._spares = Spares(state, store)
         self._registry = NodeRegistry(state, connect, store, tokens, self._spares)
@@ -149,7 +150,7 @@ class Pool:
 
     async def stop(self) -> None:
         self._stopping = True
-        tasks: list[asyncio.Task] = [*self._tasks, *self._state.background]
+        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._state.background]
         tasks += self._registry.health_tasks()
         for task in tasks:
             task.cancel()
@@ -173,7 +174,7 @@ class Pool:
 
     # -- leases ---------------------------------------------------------------------------
     async def acquire(self, request: AcquireRequest) -> Lease:
-        return await self._queue_.acquire(request)
+        return await self._requests.acquire(request)
 
     async def release(self, lease_id: str) -> tuple[bool, Lease | None]:
         state = self._state

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from swerl.pool.nodes import CreateRequest, NodeConnection
 
@@ -24,7 +24,7 @@ class _Named(str, enum.Enum):
     (metric labels and log fields read "ACTIVE", not "LeaseState.ACTIVE")."""
 
     def __str__(self) -> str:
-        return self.value
+        return str.__str__(self)
 
     def __format__(self, format_spec: str) -> str:
         return format(self.value, format_spec)
@@ -77,7 +77,7 @@ class Spec:
     network: int = 0  # a swerl.exec.v1.NetworkMode number, passed to the node as is
     labels: dict[str, str] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "workdir": self.workdir,
             "env": dict(sorted(self.env.items())),
@@ -88,7 +88,7 @@ class Spec:
             "labels": dict(sorted(self.labels.items())),
         }
 
-    def create_request(self, **fields) -> CreateRequest:
+    def create_request(self, **fields: Any) -> CreateRequest:
         """The node's CreateSandbox call for a sandbox of this spec."""
         return CreateRequest(
             workdir=self.workdir,
