@@ -19,6 +19,7 @@ import grpc
 
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
+from swerl.sweinstance import instance_to_pb
 from swerl.tasks import TaskInstance
 
 _STATUS = {v: k.removeprefix("EVALUATION_STATUS_") for k, v in pb.EvaluationStatus.items()}
@@ -32,44 +33,6 @@ class Check:
     ok: bool
     detail: str
     seconds: float
-
-
-def instance_to_pb(instance: dict) -> pb.SweInstance:
-    known = {
-        "instance_id",
-        "repo",
-        "version",
-        "base_commit",
-        "test_patch",
-        "FAIL_TO_PASS",
-        "PASS_TO_PASS",
-        "eval_script",
-        "log_parser",
-        "eval_type",
-        "image_name",
-        "problem_statement",
-        "hints_text",
-        "environment_setup_commit",
-        "created_at",
-    }
-    return pb.SweInstance(
-        instance_id=instance["instance_id"],
-        repo=instance.get("repo", ""),
-        version=str(instance.get("version", "")),
-        base_commit=instance.get("base_commit", ""),
-        test_patch=instance.get("test_patch", ""),
-        fail_to_pass=list(instance.get("FAIL_TO_PASS", [])),
-        pass_to_pass=list(instance.get("PASS_TO_PASS", [])),
-        eval_script=instance.get("eval_script", ""),
-        log_parser=instance.get("log_parser", ""),
-        eval_type=instance.get("eval_type", ""),
-        image_name=instance.get("image_name", ""),
-        problem_statement=instance.get("problem_statement", ""),
-        hints_text=instance.get("hints_text", ""),
-        environment_setup_commit=instance.get("environment_setup_commit", ""),
-        created_at=instance.get("created_at", ""),
-        extra={k: str(v) for k, v in instance.items() if k not in known and isinstance(v, str)},
-    )
 
 
 async def evaluate_once(

@@ -10,33 +10,13 @@ explicit `image_name`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from swerl.exec.v1 import evaluate_pb2
+from swerl.sweinstance import InstanceError, instance_fields
 
-
-class InstanceError(ValueError):
-    """The sample's metadata does not describe a task the agent can run."""
-
-
-_TEXT_FIELDS = (
-    "instance_id",
-    "repo",
-    "version",
-    "base_commit",
-    "test_patch",
-    "eval_script",
-    "log_parser",
-    "eval_type",
-    "image_name",
-    "problem_statement",
-    "hints_text",
-    "environment_setup_commit",
-    "created_at",
-)
-_LIST_FIELDS = {"FAIL_TO_PASS": "fail_to_pass", "PASS_TO_PASS": "pass_to_pass"}
+__all__ = ["InstanceError", "image_name_for", "instance_row", "sample_instance"]
 
 
 def instance_row(metadata: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -72,13 +52,7 @@ def sample_instance(
     instance_id = str(row.get("instance_id") or "")
     if not instance_id:
         raise InstanceError("the instance has no instance_id")
-    fields: dict[str, Any] = {}
-    for name in _TEXT_FIELDS:
-        value = row.get(name)
-        if value is not None:
-            fields[name] = value if isinstance(value, str) else str(value)
-    for column, name in _LIST_FIELDS.items():
-        fields[name] = _test_list(row.get(column, row.get(name)), column)
+    fields = instance_fields(row)
     if not fields.get("image_name"):
         data_source = ""
         if isinstance(metadata, Mapping):
@@ -86,24 +60,4 @@ def sample_instance(
         fields["image_name"] = image_name_for(instance_id, data_source)
     if not fields.get("problem_statement") and isinstance(prompt, str):
         fields["problem_statement"] = prompt
-    known = {*_TEXT_FIELDS, *_LIST_FIELDS, *_LIST_FIELDS.values()}
-    extra = {
-        str(k): v if isinstance(v, str) else json.dumps(v, default=str)
-        for k, v in row.items()
-        if k not in known
-    }
-    return evaluate_pb2.SweInstance(**fields, extra=extra)
-
-
-def _test_list(value: Any, column: str) -> list[str]:
-    # SWE-bench ships these lists as JSON strings; prepared data has real lists.
-    if value is None or value == "":
-        return []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise InstanceError(f"{column} is neither a list nor a JSON list: {exc}") from None
-    if not isinstance(value, (list, tuple)):
-        raise InstanceError(f"{column} is not a list")
-    return [str(v) for v in value]
+    return evaluate_pb2.SweInstance(**fields)

@@ -355,10 +355,7 @@ class Evaluator:
     def _infra(
         self, report: Report, started: float, phase: str, reason: str, message: str
     ) -> Report:
-        report.status = "INFRA_ERROR"
-        report.failed_phase = phase
-        report.error_reason = reason
-        report.error_message = message[-2000:]
+        _stop(report, "INFRA_ERROR", reason, message, phase)
         report.total_s = time.monotonic() - started
         return report
 
@@ -435,10 +432,8 @@ class Evaluator:
             yield PhaseEvent("APPLY_PATCH", time.time())
             t = time.monotonic()
             if not patch.strip():
-                report.status = "UNRESOLVED"
-                report.error_reason = "EMPTY_PATCH"
-                report.error_message = "the patch is empty: nothing to evaluate"
-                report.failed_phase = "APPLY_PATCH"
+                message = "the patch is empty: nothing to evaluate"
+                _stop(report, "UNRESOLVED", "EMPTY_PATCH", message, "APPLY_PATCH")
                 return
             (work / "model.patch").write_bytes(patch if patch.endswith(b"\n") else patch + b"\n")
             p = f"{inside}/model.patch"
@@ -467,10 +462,7 @@ class Evaluator:
                 yield event
             report.apply_s = time.monotonic() - t
             if not report.patch_applied:
-                report.status = "PATCH_FAILED"
-                report.error_reason = "PATCH_APPLY_FAILED"
-                report.error_message = first_error.decode(errors="replace")[-2000:]
-                report.failed_phase = "APPLY_PATCH"
+                _stop(report, "PATCH_FAILED", "PATCH_APPLY_FAILED", first_error, "APPLY_PATCH")
                 return
 
             # -- the test patch (files it touches restored to the base commit first) ---------
@@ -493,10 +485,7 @@ class Evaluator:
                 for event in flush():
                     yield event
                 if result.exit_code != 0:
-                    report.status = "INFRA_ERROR"
-                    report.error_reason = "TEST_PATCH_FAILED"
-                    report.error_message = output.decode(errors="replace")[-2000:]
-                    report.failed_phase = "APPLY_TEST_PATCH"
+                    _stop(report, "INFRA_ERROR", "TEST_PATCH_FAILED", output, "APPLY_TEST_PATCH")
                     return
 
             # -- the tests --------------------------------------------------------------------
@@ -519,10 +508,8 @@ class Evaluator:
             for event in flush():
                 yield event
             if result.timed_out:
-                report.status = "TIMEOUT"
-                report.error_reason = "TESTS_TIMED_OUT"
-                report.error_message = f"the tests ran past {timeout_s:g} s and were killed"
-                report.failed_phase = "RUN_TESTS"
+                message = f"the tests ran past {timeout_s:g} s and were killed"
+                _stop(report, "TIMEOUT", "TESTS_TIMED_OUT", message, "RUN_TESTS")
                 return
 
             # -- grading ------------------------------------------------------------------------
@@ -534,10 +521,27 @@ class Evaluator:
                 await asyncio.to_thread(grade, spec, patch, test_log, report)
             report.grade_s = time.monotonic() - t
         except CommandFailed as exc:
-            report.status = "INFRA_ERROR"
-            report.error_reason = "SANDBOX_FAILED"
-            report.error_message = str(exc)[-2000:]
-            report.failed_phase = report.failed_phase or "RUN_TESTS"
+            _stop(
+                report,
+                "INFRA_ERROR",
+                "SANDBOX_FAILED",
+                str(exc),
+                report.failed_phase or "RUN_TESTS",
+            )
+
+
+def _stop(report: Report, status: str, reason: str, message: str | bytes, phase: str = "") -> None:
+    """Ends the report early: its verdict, why (the tail of `message`), and the phase it was in.
+
+    An empty `phase` leaves failed_phase as it is.
+    """
+    if isinstance(message, bytes):
+        message = message.decode(errors="replace")
+    report.status = status
+    report.error_reason = reason
+    report.error_message = message[-2000:]
+    if phase:
+        report.failed_phase = phase
 
 
 def grade(spec: EvalSpec, patch: bytes, test_log: bytes, report: Report) -> None:
@@ -557,10 +561,8 @@ def grade(spec: EvalSpec, patch: bytes, test_log: bytes, report: Report) -> None
         result = get_eval_report(spec.test_spec, prediction, handle.name, True)[report.instance_id]
     tests = result.get("tests_status")
     if not tests:
-        report.status = "UNRESOLVED"
-        report.error_reason = "NO_TEST_RESULTS"
-        report.error_message = "the test log has no parseable results (did the tests run?)"
-        report.failed_phase = "GRADE"
+        message = "the test log has no parseable results (did the tests run?)"
+        _stop(report, "UNRESOLVED", "NO_TEST_RESULTS", message, "GRADE")
         return
     report.f2p_success = list(tests["FAIL_TO_PASS"]["success"])
     report.f2p_failure = list(tests["FAIL_TO_PASS"]["failure"])

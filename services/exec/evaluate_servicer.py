@@ -2,44 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.capability import require_lease_token
 from swerl.exec.evaluate import Evaluator, LogEvent, PhaseEvent, Report
+from swerl.exec.servicer import OUTPUT_STREAM_TO_PB
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
+from swerl.sweinstance import instance_from_pb
 
-
-def instance_from_pb(message: pb.SweInstance) -> dict:
-    """The SWE-bench column names the evaluator (and swebench) expect."""
-    instance = dict(message.extra)
-    instance.update(
-        instance_id=message.instance_id,
-        repo=message.repo,
-        version=message.version,
-        base_commit=message.base_commit,
-        test_patch=message.test_patch,
-        FAIL_TO_PASS=list(message.fail_to_pass),
-        PASS_TO_PASS=list(message.pass_to_pass),
-        eval_script=message.eval_script,
-        log_parser=message.log_parser,
-        eval_type=message.eval_type,
-        image_name=message.image_name,
-        problem_statement=message.problem_statement,
-        hints_text=message.hints_text,
-        environment_setup_commit=message.environment_setup_commit,
-        created_at=message.created_at,
-    )
-    return instance
+# Domain values <-> contract enums, spelled out so a rename on either side fails at import
+# (and in tests/evaluate/test_enum_tables.py), not in the middle of an evaluation.
+STATUS_TO_PB: Mapping[str, pb.EvaluationStatus] = {
+    "RESOLVED_FULL": pb.EVALUATION_STATUS_RESOLVED_FULL,
+    "RESOLVED_PARTIAL": pb.EVALUATION_STATUS_RESOLVED_PARTIAL,
+    "UNRESOLVED": pb.EVALUATION_STATUS_UNRESOLVED,
+    "PATCH_FAILED": pb.EVALUATION_STATUS_PATCH_FAILED,
+    "TIMEOUT": pb.EVALUATION_STATUS_TIMEOUT,
+    "INFRA_ERROR": pb.EVALUATION_STATUS_INFRA_ERROR,
+}
+PHASE_TO_PB: Mapping[str, pb.EvaluationPhase] = {
+    "PREPARE": pb.EVALUATION_PHASE_PREPARE,
+    "APPLY_PATCH": pb.EVALUATION_PHASE_APPLY_PATCH,
+    "APPLY_TEST_PATCH": pb.EVALUATION_PHASE_APPLY_TEST_PATCH,
+    "RUN_TESTS": pb.EVALUATION_PHASE_RUN_TESTS,
+    "GRADE": pb.EVALUATION_PHASE_GRADE,
+}
+APPLY_METHOD_TO_PB: Mapping[str, pb.ApplyMethod] = {
+    "NONE": pb.APPLY_METHOD_NONE,
+    "GIT_APPLY": pb.APPLY_METHOD_GIT_APPLY,
+    "GIT_APPLY_3WAY": pb.APPLY_METHOD_GIT_APPLY_3WAY,
+    "GIT_APPLY_REJECT": pb.APPLY_METHOD_GIT_APPLY_REJECT,
+    "PATCH_FUZZ": pb.APPLY_METHOD_PATCH_FUZZ,
+}
 
 
 def report_to_pb(report: Report) -> pb.EvaluationReport:
     return pb.EvaluationReport(
         instance_id=report.instance_id,
-        status=pb.EvaluationStatus.Value("EVALUATION_STATUS_" + report.status),
+        status=STATUS_TO_PB[report.status],
         patch_applied=report.patch_applied,
-        apply_method=pb.ApplyMethod.Value("APPLY_METHOD_" + report.apply_method),
+        apply_method=APPLY_METHOD_TO_PB[report.apply_method],
         fail_to_pass=pb.TestOutcomes(success=report.f2p_success, failure=report.f2p_failure),
         pass_to_pass=pb.TestOutcomes(success=report.p2p_success, failure=report.p2p_failure),
         test_exit_code=report.test_exit_code,
@@ -50,7 +54,7 @@ def report_to_pb(report: Report) -> pb.EvaluationReport:
         error_reason=report.error_reason,
         error_message=report.error_message,
         failed_phase=(
-            pb.EvaluationPhase.Value("EVALUATION_PHASE_" + report.failed_phase)
+            PHASE_TO_PB[report.failed_phase]
             if report.failed_phase
             else pb.EVALUATION_PHASE_UNSPECIFIED
         ),
@@ -77,15 +81,15 @@ class EvaluateServicer(evaluate_pb2_grpc.EvaluateServiceServicer):
             if isinstance(event, LogEvent):
                 yield pb.EvaluateResponse(
                     log=pb.EvaluationLog(
-                        phase=pb.EvaluationPhase.Value("EVALUATION_PHASE_" + event.phase),
-                        stream=event.stream,
+                        phase=PHASE_TO_PB[event.phase],
+                        stream=OUTPUT_STREAM_TO_PB[event.stream],
                         data=event.data,
                     )
                 )
             elif isinstance(event, PhaseEvent):
                 yield pb.EvaluateResponse(
                     phase=pb.EvaluationPhaseChange(
-                        phase=pb.EvaluationPhase.Value("EVALUATION_PHASE_" + event.phase),
+                        phase=PHASE_TO_PB[event.phase],
                         start_time=timestamp_pb(event.time),
                     )
                 )
