@@ -4,11 +4,12 @@ Every sandbox has an I/O directory on the node, bind-mounted into the container 
 A `Supervisor` is a `bash --login -s` inside the container whose stdin, stdout and stderr are
 FIFOs in that directory, fed `supervisor.sh`. Each command is one line of bash written to it;
 its output comes back on the FIFOs directly (dockerd is not on the data path), framed on stdout by
-NUL-delimited markers carrying a per-supervisor token (see supervisor.sh). A round trip costs about
-a millisecond instead of the ~60 ms of a `docker exec`.
+NUL-delimited markers carrying a per-supervisor token. A round trip costs about a millisecond
+instead of the ~60 ms of a `docker exec`. The protocol, with the state tables of both sides, is
+docs/shell-protocol.md (rows N1-N14 there are this module's side).
 
-`SandboxShell` owns the supervisor of one sandbox and runs one command at a time (callers queue
-on its lock, in arrival order). A `CommandRun` is one command: the FIFO readers feed it from
+`SandboxShell` owns the supervisor of one sandbox and the shell's turn: one command at a time,
+callers queued in arrival order. A `CommandRun` is one command: the FIFO readers feed it from
 event-loop callbacks into a queue the caller consumes (reading pauses while the caller lags), so
 a caller that goes away (cancelled RPC) only marks the run abandoned: the command's process group
 is killed and the supervisor is back in step for the next command, or replaced if it is not.
@@ -485,7 +486,10 @@ class SandboxShell:
         self.container_id = container_id
         self.io_dir = io_dir
         self._env = dict(env)
-        self.lock = asyncio.Lock()
+        # The shell's turn: one command (or the warm-up) at a time, in arrival order. Only
+        # take_turn and end_turn touch the lock; `_turn` names its holder.
+        self._lock = asyncio.Lock()
+        self._turn: object | None = None
         self.supervisor: Supervisor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
@@ -511,13 +515,30 @@ class SandboxShell:
             self.supervisor = sup
         return sup
 
+    async def take_turn(self, holder: object) -> None:
+        """Waits until the shell is free (callers queue in arrival order), then gives it to
+        `holder` until `holder` calls end_turn."""
+        await self._lock.acquire()
+        self._turn = holder
+
+    def end_turn(self, holder: object) -> None:
+        """Frees the shell for the next in line. A command's turn ends in the reader callback
+        that sees its end (docs/shell-protocol.md, "the turn"), not in its caller."""
+        if self._turn is not holder:
+            raise RuntimeError("the shell's turn ended by a caller that does not hold it")
+        self._turn = None
+        self._lock.release()
+
     def warm(self) -> None:
         """Starts the shell in the background, so the first command does not pay for it."""
 
         async def start() -> None:
-            with contextlib.suppress(Exception):
-                async with self.lock:
+            await self.take_turn(self)
+            try:
+                with contextlib.suppress(Exception):
                     await self.ensure_supervisor()
+            finally:
+                self.end_turn(self)
 
         self.spawn(start())
 
@@ -616,12 +637,12 @@ _NEW, _RUNNING, _FINISHED = 0, 1, 2
 class CommandRun:
     """One command: `events()` yields [Started], Output..., then exactly one Exit.
 
-    No task of its own: the caller iterating `events()` takes the shell's lock, writes the
-    command and reads events the FIFO readers put here. The lock is released by the reader
-    callback that sees the command's end marker, so the next command can start without another
-    trip through the event loop. A caller that goes away calls `abandon()`: the command's
-    process group is killed, and the lock stays held until the supervisor reports (or is
-    replaced), so the next command always finds it in step.
+    No task of its own: the caller iterating `events()` takes the shell's turn, writes the
+    command and reads events the FIFO readers put here. The turn ends in the reader callback
+    that sees the command's end marker, so the next command can start without another trip
+    through the event loop. A caller that goes away calls `abandon()`: the command's process
+    group is killed, and the turn stays held until the supervisor reports (or is replaced), so
+    the next command always finds it in step (docs/shell-protocol.md, N1-N14 and "the turn").
     """
 
     def __init__(self, shell: SandboxShell, spec: CommandSpec) -> None:
@@ -871,7 +892,7 @@ class CommandRun:
             self._stdin_ready.set()
             self._close_stdin()
             self._drop_stdin_fifo()
-        self._shell.lock.release()
+        self._shell.end_turn(self)
 
     def _drop_stdin_fifo(self) -> None:
         opening = self._opening
@@ -886,13 +907,13 @@ class CommandRun:
     # -- start ----------------------------------------------------------------------------
     async def _begin(self) -> None:
         shell, spec = self._shell, self.spec
-        await shell.lock.acquire()
+        await shell.take_turn(self)
         try:
             sup = await shell.ensure_supervisor()
             if self._stdin_fifo is not None:
                 _mkfifo(self._stdin_fifo)
         except BaseException as exc:
-            shell.lock.release()
+            shell.end_turn(self)
             self._state = _FINISHED
             if self._stdin_ready is not None:
                 self._stdin_ready.set()

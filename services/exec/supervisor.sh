@@ -1,45 +1,15 @@
-# swerl in-container supervisor.
+# swerl in-container supervisor: the container's side of the shell protocol.
 #
-# The exec node bind-mounts a per-sandbox I/O directory (FIFOs it created) at /.swerl-io and
-# starts `bash --login -s` with stdin/stdout/stderr on those FIFOs, so the image's profile and
-# ~/.bashrc run as for `bash -lc`. It then feeds this file, and after it one line per command.
-# Commands and output go through the FIFOs directly, not through dockerd, which is what makes a
-# round trip about a millisecond.
+# The protocol (channels, framing, markers, and the state tables of both sides that the tests
+# cite by row) is written down once, in docs/shell-protocol.md; change this file only together
+# with it. Rows C1-C7 there are this file.
 #
-# The supervisor never runs a command in its own context. It keeps *workers* forked ahead of
-# time: job-control subshells (each its own process group) holding the supervisor's clean state.
-# A worker reads one command, arms the watchdog, runs the command and exits; the supervisor then
-# kills whatever is left of its process group, reports, and forks another worker. The fork (the
-# dominant cost, ~0.4 ms) happens while the node handles the result, off the critical path.
-#
-# Per command the supervisor wakes once (its worker ended) and nothing else is told anything:
-#   - Two workers are alive between commands. Worker N may read stdin only after worker N-1 has
-#     read its own command: it waits for one byte on baton FIFO N%2 and, once its command is in,
-#     writes one byte to baton (N+1)%2. Each baton has a single possible reader at any time, so
-#     commands go to workers in fork order and the supervisor knows which pid to wait for.
-#   - The node frames each command as 8 decimal digits of length, then that many ASCII bytes,
-#     read with `read -N`: one read(2) each, where a plain `read` on a pipe takes a system call
-#     per byte.
-#   - The watchdog is not told anything (it reads the line each command writes for the node).
-#
-# Framing: NUL-delimited markers on stdout carrying a per-supervisor token chosen by the node
-# (commands never see it; they run strictly one after another):
-#   \0SWERL:<token>:S:<pgid>\0   the command started (only when the node asked for it)
-#   \0SWERL:<token>:T\0          the in-container timeout fired and killed the process group
-#   \0SWERL:<token>:E:<rc>\0     the command finished and every survivor of its group is dead
-#   \0SWERL:<end id>:W:<rc>\0    the command finished: written by its worker as it exits, so
-#                                the node can answer before the worker's teardown and the E
-#                                that follows it (see __swerl_exit). The node drops what comes
-#                                between W and E (survivors' output) and writes the next
-#                                command only after that E.
-# stderr carries no markers: when E (or W) arrives, everything the command wrote to stderr is
-# already in the stderr FIFO, so the node drains it. Everything else is the command's own
-# output, byte for byte.
-#
-# The running command's record, "<nonce> <pgid> <deadline_us> <nonce>" padded to a fixed width,
-# is in $__swerl_io/pgid for signals and the watchdog. It is overwritten in place (`1<>`, no
-# truncation: truncating a file costs ~0.1 ms of journal work on ext4, per command), so a
-# reader may catch a mix of two records; the nonce at both ends tells a whole record apart.
+# The exec node starts `bash --login -s` with stdin/stdout/stderr on FIFOs of the sandbox's I/O
+# directory (so the image's profile runs as for `bash -lc`), feeds it this file, then one framed
+# line per command. The supervisor never runs a command in its own context: it keeps two
+# *workers* forked ahead of time (job-control subshells, each its own process group), and the
+# fork (~0.4 ms, the dominant cost) happens while the node handles a result, off the critical
+# path. Per command the supervisor wakes once (its worker ended); the watchdog is told nothing.
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
 # __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog's sleep and the
@@ -59,7 +29,7 @@ for __swerl_f in /sys/fs/cgroup/pids/pids.current /sys/fs/cgroup/pids.current; d
 done
 unset __swerl_f
 
-# The watchdog is told nothing: each command's worker writes its record to $__swerl_io/pgid as
+# C7. The watchdog is told nothing: each command's worker writes its record to $__swerl_io/pgid as
 # it starts (the node reads the same record for signals), and the watchdog looks at it at
 # least once a second, then sleeps until the deadline it found or for a second,
 # whichever is sooner. So a command pays no wake-up of the watchdog; a timeout of a second or
@@ -91,7 +61,7 @@ __swerl_watchdog() {
   done
 }
 
-# SESSION mode: persist variables, functions, aliases and cwd for the next SESSION command.
+# C5 (mode s). SESSION mode: persist variables, functions, aliases and cwd for the next SESSION command.
 # Shell-internal and read-only variables are skipped: restoring them would fail or misbehave.
 # The restore runs inside a function, so every `declare` is rewritten to `declare -g`: without
 # it the restored variables would be local to that function and gone before the next save.
@@ -113,7 +83,7 @@ __swerl_save_session() {
   command mv -f "$__swerl_session.tmp" "$__swerl_session"
 }
 
-# The worker's EXIT trap. A SESSION command's state is saved first. Then, if the command ended
+# C5. The worker's EXIT trap. A SESSION command's state is saved first. Then, if the command ended
 # on its own (not through `exit`, errexit or a signal: those leave __swerl_rc unset) and stdout
 # is still the supervisor's FIFO, the early end marker W goes out with the command's status. Its
 # id ($1) is a one-time value the node made for this command alone, not the supervisor's token:
@@ -125,7 +95,7 @@ __swerl_exit() {
     printf '\0SWERL:%s:W:%d\0' "$1" "$__swerl_rc"
 }
 
-# A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) END_ID CWD STDIN_PATH ENV_SCRIPT
+# C4. A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) END_ID CWD STDIN_PATH ENV_SCRIPT
 # COMMAND, each word ANSI-C quoted by the node. Runs in the worker, i.e. in the command's
 # process group.
 __swerl_command() {
@@ -152,7 +122,7 @@ __swerl_command() {
   exit "$__swerl_rc"
 }
 
-# $1: the fd of this worker's baton, $2: the fd of the next worker's.
+# C3. $1: the fd of this worker's baton, $2: the fd of the next worker's.
 __swerl_worker() {
   local __len __line
   read -r -N 1 -u "$1" __len
@@ -164,7 +134,7 @@ __swerl_worker() {
   eval "__swerl_command $__line"
 }
 
-# Workers take commands in the order they were forked (see the batons above): the supervisor
+# C2, C6. Workers take commands in the order they were forked (see the batons above): the supervisor
 # waits for exactly the oldest one (bash keeps the status of a child that already ended, so a
 # fast command cannot be missed), kills what is left of its process group, reports, and forks a
 # replacement while the node is busy with the result.
@@ -205,7 +175,7 @@ __swerl_loop() {
   done
 }
 
-# Called by the node after it has exported the sandbox's environment; never returns.
+# C1. Called by the node after it has exported the sandbox's environment; never returns.
 __swerl_start() {
   printf '\0SWERL:ready:%d\0' "$$"
   __swerl_loop

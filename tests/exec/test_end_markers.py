@@ -29,11 +29,13 @@ def _scan(chunks: list[bytes], end_id: bytes = END_ID) -> list[tuple[bool, bytes
 
 
 def test_scanner_finds_token_markers_and_the_current_end_marker():
+    # docs/shell-protocol.md: Markers (S, W), I2
     data = b"out\0SWERL:" + TOKEN.encode() + b":S:42\0more\0SWERL:" + END_ID + b":W:3\0"
     assert _scan([data]) == [(False, b"out"), (True, b"S:42"), (False, b"more"), (True, b"W:3")]
 
 
 def test_scanner_reassembles_markers_split_across_reads_at_every_byte():
+    # docs/shell-protocol.md: Markers (E), I2
     data = b"ab\0SWERL:" + TOKEN.encode() + b":E:0\0cd"
     for cut in range(1, len(data)):
         assert _scan([data[:cut], data[cut:]]) == [
@@ -44,6 +46,7 @@ def test_scanner_reassembles_markers_split_across_reads_at_every_byte():
 
 
 def test_scanner_passes_lookalikes_through_as_output_byte_for_byte():
+    # docs/shell-protocol.md: Markers (foreign id, stale END_ID, E with END_ID, too long), I2
     foreign = b"\0SWERL:deadbeef:W:0\0"  # another id
     stale = b"\0SWERL:" + END_ID + b":W:0\0"  # an end id no command holds any more
     not_w = b"\0SWERL:" + END_ID + b":E:0\0"  # an end id may only carry W
@@ -54,17 +57,20 @@ def test_scanner_passes_lookalikes_through_as_output_byte_for_byte():
 
 
 def test_scanner_finds_a_marker_right_after_a_lookalike():
+    # docs/shell-protocol.md: Markers, I2
     data = b"\0SWERL:junk\0SWERL:" + TOKEN.encode() + b":E:5\0"
     assert _scan([data]) == [(False, b"\0SWERL:junk"), (True, b"E:5")]
 
 
 async def test_exit_trap_output_of_a_command_comes_before_its_exit(node, sandbox):
+    # docs/shell-protocol.md: C5 (a command's own EXIT trap), N7, I3
     async with node.client.commands(sandbox.sandbox_id) as shell:
         result = await shell.run("trap 'echo bye; echo bye-err >&2' EXIT; echo hi")
     assert (result.exit_code, result.stdout, result.stderr) == (0, b"hi\nbye\n", b"bye-err\n")
 
 
 async def test_commands_that_leave_without_the_early_marker_still_report_their_exit(node, sandbox):
+    # docs/shell-protocol.md: C5 (no W), C6, N7, I3
     # `exit`, errexit, a signal and a command that took stdout away end without W: the
     # supervisor's E reports them, and the next command on the same call is unaffected.
     async with node.client.commands(sandbox.sandbox_id) as shell:
@@ -81,6 +87,7 @@ async def test_commands_that_leave_without_the_early_marker_still_report_their_e
 
 
 async def test_a_command_ending_its_own_run_early_does_not_leak_into_the_next(node, sandbox):
+    # docs/shell-protocol.md: N8, N9, I1, I2
     # A command can read its own end id (`trap -p`) and send W itself while it keeps running.
     # That ends only its own run: what it prints afterwards is dropped, and the next command
     # starts only once the supervisor reported the real end.
@@ -99,6 +106,7 @@ async def test_a_command_ending_its_own_run_early_does_not_leak_into_the_next(no
 
 
 async def test_session_state_is_saved_before_the_next_command_starts(node, sandbox):
+    # docs/shell-protocol.md: C5 (mode s), N8, I1
     # The SESSION save runs in the worker's exit trap, before its early end marker.
     async with node.client.commands(sandbox.sandbox_id) as shell:
         for index in range(30):

@@ -12,6 +12,7 @@ from swerl.exec.v1 import sandbox_pb2 as pb
 
 
 async def test_binary_output_is_delivered_byte_for_byte(node, sandbox):
+    # docs/shell-protocol.md: N4, I2
     sid = sandbox.sandbox_id
     small = await node.client.run(sid, r"printf '\x00\x01\xff\xfe'")
     assert small.stdout == b"\x00\x01\xff\xfe"
@@ -36,6 +37,7 @@ async def test_binary_output_is_delivered_byte_for_byte(node, sandbox):
 
 
 async def test_isolated_commands_do_not_keep_cd_exports_or_functions(node, sandbox):
+    # docs/shell-protocol.md: C4 (mode i), I5
     sid = sandbox.sandbox_id
     await node.client.run(sid, "cd /etc; export FOO=bar; greet() { echo hi; }")
     result = await node.client.run(
@@ -45,6 +47,7 @@ async def test_isolated_commands_do_not_keep_cd_exports_or_functions(node, sandb
 
 
 async def test_session_commands_keep_cd_exports_and_functions(node, sandbox):
+    # docs/shell-protocol.md: C4, C5 (mode s)
     sid = sandbox.sandbox_id
     setup = await node.client.run(
         sid, "cd /etc; export FOO=bar; LOCAL=x; greet() { echo hi; }", session=True
@@ -56,6 +59,7 @@ async def test_session_commands_keep_cd_exports_and_functions(node, sandbox):
 
 
 async def test_isolated_command_neither_sees_nor_disturbs_the_session(node, sandbox):
+    # docs/shell-protocol.md: C4, C5, I5
     sid = sandbox.sandbox_id
     await node.client.run(sid, "cd /etc; export FOO=bar", session=True)
     isolated = await node.client.run(sid, 'pwd; echo "${FOO-unset}"; cd /usr; export FOO=z')
@@ -65,6 +69,7 @@ async def test_isolated_command_neither_sees_nor_disturbs_the_session(node, sand
 
 
 async def test_per_command_env_and_cwd_apply_to_that_command_only(node, sandbox):
+    # docs/shell-protocol.md: Framing (CWD, ENV_SCRIPT), C4, I5
     sid = sandbox.sandbox_id
     env = {"PLAIN": "1", "TRICKY": "two words 'quoted' $HOME\nsecond line\\"}
     result = await node.client.run(
@@ -77,12 +82,14 @@ async def test_per_command_env_and_cwd_apply_to_that_command_only(node, sandbox)
 
 
 async def test_missing_cwd_fails_the_command_not_the_call(node, sandbox):
+    # docs/shell-protocol.md: C4 (a failed cd exits 1)
     result = await node.client.run(sandbox.sandbox_id, "echo never", cwd="/does/not/exist")
     assert result.exit_code != 0
     assert result.stdout == b""
 
 
 async def test_sandbox_env_reaches_every_command(node, base_image):
+    # docs/shell-protocol.md: C1 (the node's env exports)
     sandbox = await node.create(base_image, env={"SBX_NAME": "alpha beta"})
     for _ in range(2):
         result = await node.client.run(sandbox.sandbox_id, 'echo "$SBX_NAME"')
@@ -90,6 +97,7 @@ async def test_sandbox_env_reaches_every_command(node, base_image):
 
 
 async def test_stdin_messages_feed_the_command_until_closed(node, sandbox):
+    # docs/shell-protocol.md: Channels (stdin.<nonce>), C4
     stream = ExecStream(node.stub, exec_start(sandbox.sandbox_id, "tr a-z A-Z", open_stdin=True))
     stream.send_stdin(b"hello ")
     stream.send_stdin(b"binary \x00\xff ")
@@ -100,11 +108,13 @@ async def test_stdin_messages_feed_the_command_until_closed(node, sandbox):
 
 
 async def test_stdin_is_empty_unless_opened(node, sandbox):
+    # docs/shell-protocol.md: C4 (stdin from /dev/null)
     result = await node.client.run(sandbox.sandbox_id, "cat; echo done", timeout_s=10)
     assert (result.stdout, result.timed_out) == (b"done\n", False)
 
 
 async def test_interrupt_signal_ends_the_command_and_is_reported(node, sandbox):
+    # docs/shell-protocol.md: N5, N11
     stream = ExecStream(node.stub, exec_start(sandbox.sandbox_id, "sleep 100", notify_started=True))
     await stream.started()
     stream.send_signal(pb.SIGNAL_INT)
@@ -117,6 +127,7 @@ async def test_interrupt_signal_ends_the_command_and_is_reported(node, sandbox):
 
 
 async def test_commands_on_one_sandbox_run_one_at_a_time_in_arrival_order(node, sandbox):
+    # docs/shell-protocol.md: I1, "the turn"
     sid = sandbox.sandbox_id
     first = asyncio.ensure_future(node.client.run(sid, "sleep 0.5; echo a >> /tmp/order"))
     await asyncio.sleep(0.05)

@@ -65,6 +65,7 @@ async def test_a_short_command_ends_with_its_output_and_exit_in_order(node, sand
 
 
 async def test_a_command_larger_than_a_pipe_buffer_arrives_whole(node, sandbox):
+    # docs/shell-protocol.md: Framing (length, ANSI-C quoting), C3
     # The command line is framed by its length and may span many pipe writes; non-ASCII text
     # and quotes survive the quoting.
     payload = ("ab'c\\é\n" * 40_000)[:300_000]
@@ -88,6 +89,7 @@ async def test_commands_on_one_call_keep_isolated_and_session_modes(node, sandbo
 
 
 async def test_starts_sent_ahead_run_in_order(node, sandbox):
+    # docs/shell-protocol.md: I1, N3
     call = node.stub.ExecCommands(timeout=RPC_TIMEOUT_S)
     for index in range(3):
         await call.write(_start(sandbox.sandbox_id, f"sleep 0.0{index}; echo {index}"))
@@ -99,6 +101,7 @@ async def test_starts_sent_ahead_run_in_order(node, sandbox):
 
 
 async def test_stdin_and_signals_go_to_the_running_command(node, sandbox):
+    # docs/shell-protocol.md: N5, N11, Channels (stdin.<nonce>)
     call = node.stub.ExecCommands(timeout=RPC_TIMEOUT_S)
     await call.write(_start(sandbox.sandbox_id, "tr a-z A-Z", open_stdin=True))
     await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=b"abc", close=True)))
@@ -146,6 +149,7 @@ async def test_stdin_for_a_command_without_open_stdin_ends_the_call(node, sandbo
 
 
 async def test_cancelling_the_call_kills_the_running_command(node, sandbox):
+    # docs/shell-protocol.md: N12
     marker = "/tmp/survived"
     call = node.stub.ExecCommands(timeout=RPC_TIMEOUT_S)
     await call.write(_start(sandbox.sandbox_id, f"sleep 2; touch {marker}", notify_started=True))
@@ -166,6 +170,7 @@ async def test_a_stream_that_failed_is_reopened_for_the_next_command(node, sandb
 
 
 async def test_thousands_of_back_to_back_commands_never_lose_an_exit(node, sandbox):
+    # docs/shell-protocol.md: C2, C3 (batons), C6, N7, N8
     sid = sandbox.sandbox_id
     async with node.client.commands(sid, deadline_s=300) as shell:
         for index in range(STRESS_COMMANDS):

@@ -47,6 +47,7 @@ class PeakRss:
 
 
 async def test_hundred_megabytes_of_output_are_capped_without_growing_node_memory(node, sandbox):
+    # docs/shell-protocol.md: N4 (cap, pause/resume)
     total = 100_000_000
     await node.client.run(sandbox.sandbox_id, "true")  # the shell is up before measuring
     async with PeakRss() as rss:
@@ -62,6 +63,7 @@ async def test_hundred_megabytes_of_output_are_capped_without_growing_node_memor
 
 
 async def test_small_output_cap_keeps_the_first_and_last_halves(node, sandbox):
+    # docs/shell-protocol.md: N4
     result = await node.client.run(
         sandbox.sandbox_id, "printf 0123456789; printf abcdefghij", max_output_bytes=10
     )
@@ -70,6 +72,7 @@ async def test_small_output_cap_keeps_the_first_and_last_halves(node, sandbox):
 
 
 async def test_hung_command_is_killed_inside_the_container_at_its_timeout(node, sandbox):
+    # docs/shell-protocol.md: C7, C6 (T then E), N6, N7
     started = time.monotonic()
     result = await node.client.run(sandbox.sandbox_id, "sleep 1000", timeout_s=1)
     elapsed = time.monotonic() - started
@@ -81,6 +84,7 @@ async def test_hung_command_is_killed_inside_the_container_at_its_timeout(node, 
 
 
 async def test_background_children_of_a_timed_out_command_are_killed_too(node, sandbox):
+    # docs/shell-protocol.md: C7, I4
     started = time.monotonic()
     result = await node.client.run(
         sandbox.sandbox_id, "sleep 1000 & sleep 1000 & wait", timeout_s=1
@@ -93,6 +97,7 @@ async def test_background_children_of_a_timed_out_command_are_killed_too(node, s
 
 
 async def test_background_children_of_a_finished_command_do_not_outlive_it(node, sandbox):
+    # docs/shell-protocol.md: C6, I4
     result = await node.client.run(sandbox.sandbox_id, "sleep 1000 & echo forked", timeout_s=30)
     assert (result.exit_code, result.stdout, result.timed_out) == (0, b"forked\n", False)
     ps = await node.client.run(sandbox.sandbox_id, PS)
@@ -100,6 +105,7 @@ async def test_background_children_of_a_finished_command_do_not_outlive_it(node,
 
 
 async def test_survivors_are_killed_after_many_commands_that_left_none(node, base_image):
+    # docs/shell-protocol.md: C6 (the skipped kill), I4
     # The supervisor skips the kill of an empty process group when the container's task count
     # shows nothing survived; a survivor (here one that left its parent, so no shell knows it)
     # must still be found and killed, also after a command left a process outside its group (a
@@ -121,6 +127,7 @@ async def test_survivors_are_killed_after_many_commands_that_left_none(node, bas
 
 
 async def test_fork_bomb_is_contained_and_the_node_keeps_serving(node, base_image):
+    # docs/shell-protocol.md: C7, C6, I4
     sandbox = await node.create(base_image, resources=pb.Resources(pids=64))
     # The bomb forks as fast as it can for 3 s (the trailing sleep keeps the command alive)
     # against the pids limit, until the in-container timeout kills its process group.
@@ -141,6 +148,7 @@ async def test_fork_bomb_is_contained_and_the_node_keeps_serving(node, base_imag
 
 
 async def test_cancelled_exec_kills_its_command_and_the_sandbox_stays_usable(node, sandbox):
+    # docs/shell-protocol.md: N12, N11, "the turn"
     marker = "/tmp/should-not-exist"
     stream = ExecStream(
         node.stub,
@@ -165,6 +173,7 @@ async def test_cancelled_exec_kills_its_command_and_the_sandbox_stays_usable(nod
 
 
 async def test_cancelled_exec_stops_a_looping_writer_for_good(node, sandbox):
+    # docs/shell-protocol.md: N12, I4
     loop = "while :; do echo tick >> /tmp/ticks; sleep 0.05; done"
     stream = ExecStream(node.stub, exec_start(sandbox.sandbox_id, loop, notify_started=True))
     await stream.started()

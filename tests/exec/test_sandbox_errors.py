@@ -88,6 +88,7 @@ async def test_empty_or_blank_command_is_rejected(node, sandbox, command):
 
 
 async def test_command_with_a_nul_byte_is_rejected_and_the_sandbox_keeps_working(node, sandbox):
+    # docs/shell-protocol.md: Framing (NUL is refused before anything is written)
     err = await rpc_error(node.client.run(sandbox.sandbox_id, "echo a\x00b"))
     assert_status(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_COMMAND")
     after = await node.client.run(sandbox.sandbox_id, "echo ok")
