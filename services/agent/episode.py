@@ -72,6 +72,7 @@ class EpisodeSpec:
     command_timeout_s: float
     eval_timeout_s: float
     dynamic_history: bool = False
+    return_routed_experts: bool = False
     artifact_dir: str = ""
     skip_evaluation: bool = False
     env: dict[str, str] = field(default_factory=dict)
@@ -456,6 +457,11 @@ class Episode:
         message.loss_mask.extend(record.loss_mask)
         message.logprobs.extend(record.logprobs)
         message.weight_versions.extend(record.weight_versions)
+        message.top_p_token_ids.extend(record.top_p_token_ids)
+        message.top_p_token_offsets.extend(record.top_p_token_offsets)
+        if record.routed_experts:
+            message.routed_experts = record.routed_experts
+            message.routed_experts_per_token = record.experts_per_token
         if reward is not None:
             message.reward = reward
 

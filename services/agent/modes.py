@@ -14,15 +14,25 @@ The episode loop only speaks text: `open` with the first two messages, `respond`
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
-from swerl.agent.policy import ChatPolicy, Generation, TokenPolicy
-from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory, codec_key, worker_call
+from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.tokens import (
+    ChatCodec,
+    RoutedExperts,
+    TokenRecordData,
+    Trajectory,
+    codec_key,
+    token_array,
+    worker_call,
+)
 
 T = TypeVar("T")
 
@@ -142,7 +152,20 @@ class TokenMode:
         text = ""
         if gen.finish_reason != "abort":
             text = await self._text(gen)
-            self._trajectory.add_turn(prompt, gen.output_ids, gen.logprobs, gen.weight_version)
+            top_p = None
+            if gen.top_p_ids is not None and gen.top_p_offsets is not None:
+                top_p = (gen.top_p_ids, gen.top_p_offsets)
+            experts = None
+            if gen.routed_experts is not None:
+                experts = self._routed_experts(prompt, gen, gen.routed_experts)
+            self._trajectory.add_turn(
+                prompt,
+                gen.output_ids,
+                gen.logprobs,
+                gen.weight_version,
+                top_p=top_p,
+                experts=experts,
+            )
             self._last_output = gen.output_ids
         return PolicyTurn(
             text=text,
@@ -152,6 +175,43 @@ class TokenMode:
             context_trimmed=trimmed,
             model_s=model_s,
         )
+
+    def _routed_experts(
+        self, prompt: Sequence[int], gen: Generation, values: array
+    ) -> RoutedExperts:
+        """The experts of this call's whole sequence. SGLang may send only the rows from
+        `routed_experts_start_len` on; the rows before come from the previous call, whose
+        sequence this prompt extends."""
+        start = gen.routed_experts_start_len
+        rows = len(prompt) + len(gen.output_ids) - 1 - start
+        if start < 0 or rows <= 0 or not values or len(values) % rows:
+            raise PolicyUnavailable(
+                f"routed_experts: {len(values)} values for {rows} tokens"
+                f" (routed_experts_start_len {start})",
+                reason="POLICY_BAD_REPLY",
+            )
+        width = len(values) // rows
+        if sys.byteorder != "little":
+            values = array("i", values)
+            values.byteswap()
+        data = values.tobytes()
+        if start:
+            last = self._trajectory.last_call
+            before = last[2] if last is not None else None
+            if (
+                last is None
+                or before is None
+                or before.width != width
+                or before.rows < start
+                or (last[0] + token_array(last[1]))[:start] != token_array(prompt)[:start]
+            ):
+                raise PolicyUnavailable(
+                    f"routed_experts start at token {start}, but no earlier call of the"
+                    " episode covers the tokens before it",
+                    reason="POLICY_BAD_REPLY",
+                )
+            data = before.data[: 4 * start * width] + data
+        return RoutedExperts(data, width)
 
     async def _text(self, gen: Generation) -> str:
         if gen.output_ids:

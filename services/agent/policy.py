@@ -10,7 +10,11 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
+import itertools
 import json
+import sys
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -42,6 +46,14 @@ class Generation:
     text: str | None = None
     weight_version: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    # Top-p replay, when asked for: the kept ids of output token i are
+    # top_p_ids[top_p_offsets[i]:top_p_offsets[i + 1]] (len(output_ids) + 1 offsets).
+    top_p_ids: array | None = None
+    top_p_offsets: array | None = None
+    # Routing replay, when asked for: SGLang's routed_experts (int32 per token and layer and
+    # top-k slot) for the sequence's tokens from routed_experts_start_len on, minus the last.
+    routed_experts: array | None = None
+    routed_experts_start_len: int = 0
 
 
 class TokenPolicy(Protocol):
@@ -77,8 +89,63 @@ def _finish_type(meta: Mapping[str, Any]) -> str:
     return str(reason or "stop")
 
 
-def parse_generate_reply(body: bytes) -> Generation:
-    """SGLang `/generate` reply → Generation; ids and logprobs from output_token_logprobs."""
+# Where SGLang puts the top-p sets in meta_info (the kept-ids names are the older spelling).
+_TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
+_TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
+
+
+def asks_top_p(sampling_params: Mapping[str, Any]) -> bool:
+    """Whether the sampling params ask SGLang for the kept top-p token sets (slime sets
+    `custom_params.return_top_p_token_ids` when --rollout-top-p < 1)."""
+    custom = sampling_params.get("custom_params")
+    return isinstance(custom, Mapping) and bool(custom.get("return_top_p_token_ids"))
+
+
+def int32_array(value: Any) -> array:
+    """An int32 meta_info array as SGLang sends it: a JSON list, or base64 of little-endian
+    int32 bytes."""
+    if isinstance(value, str):
+        out = array("i")
+        out.frombytes(base64.b64decode(value.encode("ascii"), validate=True))
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+    if isinstance(value, list):
+        return array("i", (int(x) for x in value))
+    raise TypeError(f"expected a list or base64 text, got {type(value).__name__}")
+
+
+def _meta_array(meta: Mapping[str, Any], keys: Sequence[str]) -> array | None:
+    for key in keys:
+        if meta.get(key) is not None:
+            return int32_array(meta[key])
+    return None
+
+
+def _top_p(meta: Mapping[str, Any], n_tokens: int) -> tuple[array, array]:
+    ids, offsets = _meta_array(meta, _TOP_P_ID_KEYS), _meta_array(meta, _TOP_P_OFFSET_KEYS)
+    if ids is None or offsets is None:
+        raise PolicyUnavailable(
+            "the sampling params ask for top-p token ids (custom_params.return_top_p_token_ids)"
+            " but the policy reply has no meta_info.top_p_token_ids/top_p_token_offsets",
+            reason="POLICY_BAD_REPLY",
+        )
+    if len(offsets) != n_tokens + 1 or offsets[0] != 0 or offsets[-1] != len(ids):
+        raise ValueError(
+            f"top-p offsets: {len(offsets)} for {n_tokens} tokens, first"
+            f" {offsets[0] if offsets else None}, last {offsets[-1] if offsets else None}"
+            f" for {len(ids)} ids"
+        )
+    if any(b < a for a, b in itertools.pairwise(offsets)):
+        raise ValueError("top-p offsets decrease")
+    return ids, offsets
+
+
+def parse_generate_reply(
+    body: bytes, *, top_p: bool = False, routed_experts: bool = False
+) -> Generation:
+    """SGLang `/generate` reply → Generation; ids and logprobs from output_token_logprobs,
+    and the top-p sets and routed experts when they were asked for."""
     reply = json.loads(body)
     if isinstance(reply, list):
         reply = reply[0]
@@ -94,7 +161,7 @@ def parse_generate_reply(body: bytes) -> Generation:
     kept = {
         k: meta[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if k in meta
     }
-    return Generation(
+    gen = Generation(
         output_ids=ids,
         logprobs=logprobs,
         finish_reason=_finish_type(meta),
@@ -102,6 +169,22 @@ def parse_generate_reply(body: bytes) -> Generation:
         weight_version=str(meta.get("weight_version") or ""),
         meta=kept,
     )
+    if gen.finish_reason == "abort":
+        return gen  # an aborted turn is never recorded
+    if top_p:
+        gen.top_p_ids, gen.top_p_offsets = _top_p(meta, len(ids))
+    if routed_experts:
+        experts = _meta_array(meta, ("routed_experts",))
+        if experts is None:
+            raise PolicyUnavailable(
+                "the episode asks for routed experts (PolicyConfig.return_routed_experts) but"
+                " the policy reply has no meta_info.routed_experts: is the server started"
+                " with routing replay (--enable-return-routed-experts)?",
+                reason="POLICY_BAD_REPLY",
+            )
+        gen.routed_experts = experts
+        gen.routed_experts_start_len = int(meta.get("routed_experts_start_len") or 0)
+    return gen
 
 
 class SglangPolicy:
@@ -121,9 +204,19 @@ class SglangPolicy:
         connect_attempts: int = 4,
         connect_max_delay_s: float = 10.0,
         retrying: Any = None,
+        headers: Mapping[str, str] | None = None,
+        return_routed_experts: bool = False,
     ) -> None:
         self._session = session
         self._url = endpoint.rstrip("/") + "/generate"
+        # Extra headers of every call (the episode's routing key).
+        self._headers = {**(headers or {}), "Content-Type": "application/json"}
+        self._parse = functools.partial(
+            parse_generate_reply,
+            top_p=asks_top_p(sampling_params),
+            routed_experts=return_routed_experts,
+        )
+        self._extra = ',"return_routed_experts":true' if return_routed_experts else ""
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._executor = executor
@@ -155,14 +248,17 @@ class SglangPolicy:
         params = json.dumps(
             {**self._params, "max_new_tokens": max_new_tokens}, separators=(",", ":")
         )
-        body = f'{{"input_ids":[{ids_json}],"sampling_params":{params},"return_logprob":true}}'
+        body = (
+            f'{{"input_ids":[{ids_json}],"sampling_params":{params},"return_logprob":true'
+            f"{self._extra}}}"
+        )
         return body.encode()
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
         body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)
         raw = await self._post(body)
         try:
-            return await _in_pool(self._executor, parse_generate_reply, raw)
+            return await _in_pool(self._executor, self._parse, raw)
         except (ValueError, KeyError, IndexError, TypeError) as err:
             raise PolicyUnavailable(f"unreadable policy reply: {err}", "POLICY_BAD_REPLY") from err
 
@@ -173,7 +269,7 @@ class SglangPolicy:
                     async with self._session.post(
                         self._url,
                         data=body,
-                        headers={"Content-Type": "application/json"},
+                        headers=self._headers,
                         timeout=self._timeout,
                     ) as response:
                         raw = await response.read()
@@ -217,6 +313,7 @@ class OpenAIChatPolicy:
         api_key: str | None = None,
         connect_attempts: int = 4,
         connect_max_delay_s: float = 10.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         base = endpoint.rstrip("/")
         self._url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
@@ -224,7 +321,9 @@ class OpenAIChatPolicy:
         self._model = model
         self._params = {_OPENAI_KEYS[k]: v for k, v in sampling_params.items() if k in _OPENAI_KEYS}
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = dict(headers or {})
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
 

@@ -8,6 +8,12 @@ problem statement) in the decoded prompt; the turn is the number of assistant tu
 (plus those the agent reports omitted). Unknown prompts, and every prompt in garbage mode, get
 random tokens. Used by the tests, the benchmark and `swerl demo`; `swerl replay serve` runs it.
 
+Like SGLang it answers the replay extras when a request asks: the kept top-p token set of each
+generated token (`sampling_params.custom_params.return_top_p_token_ids`, `replay_top_p`) and
+the routed experts of every token of the sequence but the last (`return_routed_experts`,
+`replay_experts`), both base64 int32 as in meta_info. It records each request's headers and the
+script it matched (`stats.calls`), so tests can check the routing key of every call.
+
     server = ReplayPolicyServer(scripts=scripts_for_tasks(load_tasks(dir)))
     url = await server.start()          # http://127.0.0.1:<port>
     ...
@@ -21,6 +27,8 @@ import base64
 import json
 import random
 import re
+import sys
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,9 +45,31 @@ ASSISTANT_HEADER = "<|im_start|>assistant"
 WEIGHT_VERSION = "replay-1"
 
 
+# Values per token in the replay server's routed experts (e.g. 2 layers x top-2).
+REPLAY_EXPERTS_PER_TOKEN = 4
+
+
 def replay_logprob(position: int) -> float:
     """The logprob the replay server reports for the token at `position` of a response."""
     return -0.001 * (position % 97) - 0.01
+
+
+def replay_top_p(position: int, token: int) -> list[int]:
+    """The kept top-p set the replay server reports for `token` at `position` of a response:
+    the token itself and 0 to 2 neighbours."""
+    return [token + k for k in range(1 + position % 3)]
+
+
+def replay_experts(token: int) -> list[int]:
+    """The experts the replay server reports for a token of the sequence."""
+    return [(token + k) % 64 for k in range(REPLAY_EXPERTS_PER_TOKEN)]
+
+
+def _b64_int32(values: Iterable[int]) -> str:
+    data = array("i", values)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return base64.b64encode(data.tobytes()).decode("ascii")
 
 
 def _bash(text: str, command: str) -> str:
@@ -106,6 +136,14 @@ def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, 
     return scripts
 
 
+@dataclass(frozen=True)
+class ReplayCall:
+    """One /generate request: its HTTP headers and the script key it matched (None: none)."""
+
+    headers: dict[str, str]
+    script_key: str | None
+
+
 @dataclass
 class ReplayStats:
     requests: int = 0
@@ -113,6 +151,8 @@ class ReplayStats:
     prompt_tokens: list[int] = field(default_factory=list)
     # With keep_requests: every request's input_ids and the ids answered, in arrival order.
     requests_seen: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # Every request's headers and script key, in arrival order.
+    calls: list[ReplayCall] = field(default_factory=list)
 
 
 class ReplayPolicyServer:
@@ -172,12 +212,13 @@ class ReplayPolicyServer:
     async def _generate(self, request: web.Request) -> web.Response:
         raw = await request.read()
         loop = asyncio.get_running_loop()
-        reply = await loop.run_in_executor(self._pool, self._answer, raw)
+        headers = dict(request.headers)
+        reply = await loop.run_in_executor(self._pool, self._answer, raw, headers)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         return web.Response(body=reply, content_type="application/json")
 
-    def _answer(self, raw: bytes) -> bytes:
+    def _answer(self, raw: bytes, headers: dict[str, str] | None = None) -> bytes:
         body = json.loads(raw)
         input_ids = [int(x) for x in body["input_ids"]]
         params = body.get("sampling_params") or {}
@@ -187,7 +228,9 @@ class ReplayPolicyServer:
         text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
         turn = text.count(ASSISTANT_HEADER) - 1
         turn += sum(int(n) for n in _OMITTED.findall(text))
-        script = None if self.garbage else self._script_for(text)
+        key = None if self.garbage else self._key_for(text)
+        self.stats.calls.append(ReplayCall(headers or {}, key))
+        script = None if key is None else self.scripts[key]
         finish = "stop"
         if self.abort_on_turn is not None and turn >= self.abort_on_turn:
             ids, finish = [], "abort"
@@ -213,11 +256,23 @@ class ReplayPolicyServer:
             "cached_tokens": 0,
             "weight_version": WEIGHT_VERSION,
         }
+        custom = params.get("custom_params") or {}
+        if finish != "abort" and custom.get("return_top_p_token_ids"):
+            sets = [replay_top_p(i, t) for i, t in enumerate(ids)]
+            offsets = [0]
+            for kept in sets:
+                offsets.append(offsets[-1] + len(kept))
+            meta["top_p_token_ids"] = _b64_int32(t for kept in sets for t in kept)
+            meta["top_p_token_offsets"] = _b64_int32(offsets)
+        if finish != "abort" and body.get("return_routed_experts"):
+            sequence = [*input_ids, *ids][:-1]
+            meta["routed_experts"] = _b64_int32(e for t in sequence for e in replay_experts(t))
+            meta["routed_experts_start_len"] = 0
         out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "meta_info": meta}
         return json.dumps(out).encode()
 
-    def _script_for(self, text: str) -> list[str] | None:
-        for key, script in self.scripts.items():
+    def _key_for(self, text: str) -> str | None:
+        for key in self.scripts:
             if key in text:
-                return script
+                return key
         return None

@@ -168,6 +168,12 @@ class EpisodeRunner:
             raise InvalidEpisodeStart(
                 "policy.tokenizer_path is required for SGLANG_GENERATE", field="policy"
             )
+        if start.policy.return_routed_experts and api != pb.POLICY_API_SGLANG_GENERATE:
+            raise InvalidEpisodeStart(
+                "policy.return_routed_experts (routing replay) needs SGLANG_GENERATE: a chat"
+                " API returns no routed experts",
+                field="policy.return_routed_experts",
+            )
         opts, limits, d = start.options, start.limits, config.defaults
         if not opts.skip_evaluation and not start.instance.fail_to_pass:
             raise InvalidEpisodeStart(
@@ -209,6 +215,7 @@ class EpisodeRunner:
             command_timeout_s=seconds_of(limits.command_timeout) or d.command_timeout_s,
             eval_timeout_s=seconds_of(limits.eval_timeout) or d.eval_timeout_s,
             dynamic_history=opts.dynamic_history,
+            return_routed_experts=start.policy.return_routed_experts,
             artifact_dir=opts.artifact_dir,
             skip_evaluation=opts.skip_evaluation,
             env=dict(opts.env),
@@ -226,6 +233,10 @@ class EpisodeRunner:
     async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:
         """The episode's policy in its mode: exact tokens (SGLang) or chat text (OpenAI)."""
         settings = self.settings
+        # One stable key on every call of the episode: a consistent-hashing router sends all
+        # its turns to one engine, whose prefix cache then holds the episode's context.
+        header = settings.routing_key_header
+        headers = {header: spec.episode_id} if header else {}
         if spec.api == pb.POLICY_API_SGLANG_GENERATE:
             codec = await self.codec(tokenizer_path, spec.config.chat_template_kwargs)
             client = SglangPolicy(
@@ -235,6 +246,8 @@ class EpisodeRunner:
                 request_timeout_s=spec.request_timeout_s,
                 executor=self.executor,
                 retrying=self._policy_retrying,
+                headers=headers,
+                return_routed_experts=spec.return_routed_experts,
             )
             config = spec.config
 
@@ -260,6 +273,7 @@ class EpisodeRunner:
             api_key=key.get_secret_value() if key else None,
             connect_attempts=settings.policy_connect_attempts,
             connect_max_delay_s=settings.policy_connect_max_delay_s,
+            headers=headers,
         )
         return ChatMode(chat, max_new_tokens=spec.max_new_tokens)
 

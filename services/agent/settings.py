@@ -42,6 +42,12 @@ class AgentSettings(ServiceSettings):
     policy_max_connections: int = Field(
         1024, description="HTTP connections to policy servers, over all episodes"
     )
+    routing_key_header: str = Field(
+        "X-SMG-Routing-Key",
+        description="HTTP header that carries the episode id on every policy call of the"
+        " episode, so a consistent-hashing router keeps its turns on one engine (and its"
+        " prefix cache warm); empty sends none",
+    )
     openai_api_key: SecretStr | None = Field(
         None, description="API key for POLICY_API_OPENAI_CHAT servers"
     )

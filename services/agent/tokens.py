@@ -31,7 +31,7 @@ import operator
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import compress, pairwise
 from typing import Any
 
 _SENTINEL = "SWERL_SENTINEL_ASSISTANT_MESSAGE_7f3a"
@@ -143,6 +143,14 @@ class TokenRecordData:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     weight_versions: list[str] = field(default_factory=list)
+    # Top-p replay (both empty when not asked for): the kept ids of response token i are
+    # top_p_token_ids[top_p_token_offsets[i]:top_p_token_offsets[i + 1]].
+    top_p_token_ids: list[int] = field(default_factory=list)
+    top_p_token_offsets: list[int] = field(default_factory=list)
+    # Routing replay (empty when not asked for): int32 little-endian, experts_per_token values
+    # for each token of prompt + response except the last.
+    routed_experts: bytes = b""
+    experts_per_token: int = 0
 
     def check(self) -> None:
         """Slime's Sample invariants; raises AssertionError naming the broken one."""
@@ -160,6 +168,16 @@ class TokenRecordData:
             raise AssertionError("a loss mask value is neither 0 nor 1")
         if any(compress(self.logprobs, map(operator.not_, self.loss_mask))):
             raise AssertionError("a masked token carries a logprob")
+        offsets = self.top_p_token_offsets
+        if offsets or self.top_p_token_ids:
+            if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != len(self.top_p_token_ids):
+                raise AssertionError("top-p offsets do not frame the top-p ids per token")
+            if any(b < a for a, b in pairwise(offsets)):
+                raise AssertionError("top-p offsets decrease")
+        if self.routed_experts:
+            rows = len(self.prompt_ids) + n - 1
+            if len(self.routed_experts) != 4 * rows * self.experts_per_token:
+                raise AssertionError("routed experts do not cover the tokens but the last")
 
 
 @dataclass
@@ -172,9 +190,25 @@ class Unit:
     response_ids: Sequence[int]
     logprobs: Sequence[float]
     delta_ids: Sequence[int]
+    # Top-p replay of the response tokens (len(response_ids) + 1 offsets), when asked for.
+    top_p_ids: Sequence[int] | None = None
+    top_p_offsets: Sequence[int] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids) + len(self.delta_ids)
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """Routing replay of one policy call: the experts of every token of its sequence (sent
+    prompt + response) but the last, as little-endian int32, `width` values per token."""
+
+    data: bytes
+    width: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.data) // (4 * self.width) if self.width else 0
 
 
 class Trajectory:
@@ -189,6 +223,8 @@ class Trajectory:
         self.units: list[Unit] = []
         self._sent: list[array] = []  # the exact prompt of each turn
         self._weight_versions: list[str] = []
+        # Routing replay: per turn, the experts of its whole call (sent prompt + response).
+        self._experts: list[RoutedExperts | None] = []
 
     def add_turn(
         self,
@@ -196,13 +232,30 @@ class Trajectory:
         response_ids: Sequence[int],
         logprobs: Sequence[float],
         weight_version: str,
+        *,
+        top_p: tuple[Sequence[int], Sequence[int]] | None = None,
+        experts: RoutedExperts | None = None,
     ) -> None:
-        """Records the exact prompt sent this turn and the response (dynamic history)."""
+        """Records the exact prompt sent this turn and the response (dynamic history), with
+        the response's top-p sets and the call's routed experts when they were asked for."""
         if len(response_ids) != len(logprobs):
             raise ValueError("one logprob per response token")
+        if top_p is not None and len(top_p[1]) != len(response_ids) + 1:
+            raise ValueError("top-p offsets: one more than the response tokens")
         self._sent.append(token_array(sent_prompt_ids))
         self._weight_versions.append(weight_version)
-        self.units.append(Unit(array("i", response_ids), array("d", logprobs), array("i")))
+        self._experts.append(experts)
+        unit = Unit(array("i", response_ids), array("d", logprobs), array("i"))
+        if top_p is not None:
+            unit.top_p_ids, unit.top_p_offsets = token_array(top_p[0]), token_array(top_p[1])
+        self.units.append(unit)
+
+    @property
+    def last_call(self) -> tuple[array, Sequence[int], RoutedExperts | None] | None:
+        """The last turn's sent prompt, response and routed experts (None before a turn)."""
+        if not self.units:
+            return None
+        return self._sent[-1], self.units[-1].response_ids, self._experts[-1]
 
     def set_delta(self, delta_ids: Sequence[int]) -> None:
         """The template delta after the last turn's response (observation + next header)."""
@@ -211,18 +264,24 @@ class Trajectory:
     @property
     def turn_records(self) -> list[TokenRecordData]:
         """One record per turn: the exact prompt sent and the policy's response."""
-        return [
-            TokenRecordData(
+        records = []
+        for sent, unit, version, experts in zip(
+            self._sent, self.units, self._weight_versions, self._experts, strict=True
+        ):
+            record = TokenRecordData(
                 prompt_ids=sent.tolist(),
                 response_ids=list(unit.response_ids),
                 loss_mask=[1] * len(unit.response_ids),
                 logprobs=list(unit.logprobs),
                 weight_versions=[version] if version else [],
             )
-            for sent, unit, version in zip(
-                self._sent, self.units, self._weight_versions, strict=True
-            )
-        ]
+            if unit.top_p_ids is not None and unit.top_p_offsets is not None:
+                record.top_p_token_ids = list(unit.top_p_ids)
+                record.top_p_token_offsets = list(unit.top_p_offsets)
+            if experts is not None:
+                record.routed_experts, record.experts_per_token = experts.data, experts.width
+            records.append(record)
+        return records
 
     def whole_record(self) -> TokenRecordData:
         """The whole episode: first prompt, then every response and observation. The trailing
@@ -238,7 +297,31 @@ class Trajectory:
                 record.loss_mask += [0] * len(unit.delta_ids)
                 record.logprobs += [0.0] * len(unit.delta_ids)
         record.weight_versions = [v for v in self._weight_versions if v]
+        if self.units and all(unit.top_p_offsets is not None for unit in self.units):
+            record.top_p_token_ids, record.top_p_token_offsets = self._whole_top_p()
+        experts = self._experts[-1] if self._experts else None
+        # The last call saw the whole record unless the context window trimmed it.
+        if (
+            experts is not None
+            and experts.rows == len(record.prompt_ids) + len(record.response_ids) - 1
+        ):
+            record.routed_experts, record.experts_per_token = experts.data, experts.width
         return record
+
+    def _whole_top_p(self) -> tuple[list[int], list[int]]:
+        """The top-p sets over the whole record: each response's own, then an empty span per
+        observation token (loss mask 0), as slime pads non-trainable tokens."""
+        ids: list[int] = []
+        offsets = [0]
+        last = len(self.units) - 1
+        for index, unit in enumerate(self.units):
+            assert unit.top_p_ids is not None and unit.top_p_offsets is not None
+            base = len(ids)
+            ids += unit.top_p_ids
+            offsets += [base + o for o in unit.top_p_offsets[1:]]
+            if index < last:
+                offsets += [len(ids)] * len(unit.delta_ids)
+        return ids, offsets
 
 
 # -- worker processes ---------------------------------------------------------------------------

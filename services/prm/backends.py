@@ -43,7 +43,10 @@ class RenderedPrompt:
 class JudgeBackend(Protocol):
     async def render(self, messages: Messages) -> RenderedPrompt: ...
 
-    async def sample(self, prompt: RenderedPrompt, seed: int) -> str: ...
+    async def sample(self, prompt: RenderedPrompt, seed: int, routing_key: str = "") -> str:
+        """One vote. `routing_key` (the episode id) goes in the routing-key header, so a
+        consistent-hashing router sends the votes of one episode to one engine."""
+        ...
 
     async def model_name(self) -> str: ...
 
@@ -60,9 +63,15 @@ class SamplingConfig:
 class _HttpBackend:
     """An aiohttp session made in the running loop on first use, and JSON POSTs through it."""
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        headers: dict[str, str] | None = None,
+        routing_key_header: str = "",
+    ) -> None:
         self._base_url = base_url.rstrip("/")
         self._headers = headers or {}
+        self._routing_key_header = routing_key_header
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -75,10 +84,15 @@ class _HttpBackend:
             )
         return self._session
 
-    async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    async def _request(
+        self, method: str, path: str, body: Any = None, routing_key: str = ""
+    ) -> dict[str, Any]:
         url = self._base_url + path
+        headers = None
+        if routing_key and self._routing_key_header:
+            headers = {self._routing_key_header: routing_key}
         try:
-            async with self._client().request(method, url, json=body) as response:
+            async with self._client().request(method, url, json=body, headers=headers) as response:
                 text = await response.text()
                 status = response.status
         except aiohttp.ClientConnectionError as exc:
@@ -123,8 +137,9 @@ class SglangBackend(_HttpBackend):
         *,
         model_name: str = "",
         chat_template_kwargs: dict[str, Any] | None = None,
+        routing_key_header: str = "",
     ) -> None:
-        super().__init__(base_url)
+        super().__init__(base_url, routing_key_header=routing_key_header)
         from swerl.chassis.hf import load_tokenizer
 
         self.tokenizer = load_tokenizer(tokenizer_path)
@@ -144,7 +159,7 @@ class SglangBackend(_HttpBackend):
         ids = await asyncio.to_thread(self.render_ids, messages)
         return RenderedPrompt(messages=messages, input_ids=ids)
 
-    async def sample(self, prompt: RenderedPrompt, seed: int) -> str:
+    async def sample(self, prompt: RenderedPrompt, seed: int, routing_key: str = "") -> str:
         if prompt.input_ids is None:
             raise ValueError("SglangBackend samples rendered token ids only")
         body = {
@@ -156,7 +171,7 @@ class SglangBackend(_HttpBackend):
                 "sampling_seed": seed,
             },
         }
-        answer = await self._request("POST", "/generate", body)
+        answer = await self._request("POST", "/generate", body, routing_key)
         text = answer.get("text")
         if not isinstance(text, str):
             raise JudgeBadResponse("judge /generate answer has no text")
@@ -198,11 +213,13 @@ class OpenAIChatBackend(_HttpBackend):
         *,
         api_key: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        routing_key_header: str = "",
     ) -> None:
         url = base_url.rstrip("/")
         super().__init__(
             url if url.endswith("/v1") else url + "/v1",
             {"Authorization": f"Bearer {api_key}"} if api_key else None,
+            routing_key_header,
         )
         self._model_name = model
         self._reported_model = ""
@@ -212,7 +229,7 @@ class OpenAIChatBackend(_HttpBackend):
     async def render(self, messages: Messages) -> RenderedPrompt:
         return RenderedPrompt(messages=messages)
 
-    async def sample(self, prompt: RenderedPrompt, seed: int) -> str:
+    async def sample(self, prompt: RenderedPrompt, seed: int, routing_key: str = "") -> str:
         body: dict[str, Any] = {
             "model": self._model_name,
             "messages": prompt.messages,
@@ -224,7 +241,7 @@ class OpenAIChatBackend(_HttpBackend):
         }
         if self._template_kwargs:
             body["chat_template_kwargs"] = self._template_kwargs
-        answer = await self._request("POST", "/chat/completions", body)
+        answer = await self._request("POST", "/chat/completions", body, routing_key)
         try:
             content = answer["choices"][0]["message"].get("content")
         except (KeyError, IndexError, TypeError, AttributeError) as exc:

@@ -94,7 +94,8 @@ class Judge:
         except PromptTooLong as exc:
             sampled = [Vote(seed=s, text="", value=0, error=str(exc)) for s in seeds]
         else:
-            sampled = await asyncio.gather(*(self._vote(prompt, s) for s in seeds))
+            votes_of = (self._vote(prompt, s, step.episode_id) for s in seeds)
+            sampled = await asyncio.gather(*votes_of)
         model = await self.backend.model_name() if any(not v.error for v in sampled) else ""
         verdict = tally(sampled, judge_model=model, duration_s=time.monotonic() - started)
         metrics.JUDGMENTS.labels(verdict.state.value).inc()
@@ -114,9 +115,9 @@ class Judge:
             " cutting the issue, history and output"
         )
 
-    async def _vote(self, prompt: RenderedPrompt, seed: int) -> Vote:
+    async def _vote(self, prompt: RenderedPrompt, seed: int, routing_key: str) -> Vote:
         try:
-            text = await self._sample(prompt, seed)
+            text = await self._sample(prompt, seed, routing_key)
         except JudgeCallError as exc:
             metrics.VOTES.labels("failed").inc()
             return Vote(seed=seed, text="", value=0, error=str(exc))
@@ -124,7 +125,7 @@ class Judge:
         metrics.VOTES.labels("valid" if vote.valid else "invalid").inc()
         return vote
 
-    async def _sample(self, prompt: RenderedPrompt, seed: int) -> str:
+    async def _sample(self, prompt: RenderedPrompt, seed: int, routing_key: str) -> str:
         timeout_s = self.config.request_timeout_s
         async for attempt in async_retrying(
             max_attempts=self.config.retry_max_attempts,
@@ -139,7 +140,9 @@ class Judge:
                     metrics.JUDGE_CALLS_IN_FLIGHT.inc()
                     call_started = time.monotonic()
                     try:
-                        return await asyncio.wait_for(self.backend.sample(prompt, seed), timeout_s)
+                        return await asyncio.wait_for(
+                            self.backend.sample(prompt, seed, routing_key), timeout_s
+                        )
                     except asyncio.TimeoutError as exc:
                         raise JudgeTimeout(
                             f"judge model did not answer within {timeout_s:g} s"

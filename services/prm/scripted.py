@@ -79,6 +79,7 @@ class RecordedRequest:
     input_ids: list[int] | None
     seed: int | None
     body: dict[str, Any] = field(repr=False)
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     decode: Callable[[], str] = field(repr=False, default=str)
 
     @functools.cached_property
@@ -173,7 +174,7 @@ class ScriptedJudge:
         ids = body.get("input_ids")
         seed = (body.get("sampling_params") or {}).get("sampling_seed")
         recorded = RecordedRequest(
-            "/generate", ids, seed, body, functools.partial(self._text, body)
+            "/generate", ids, seed, body, dict(request.headers), functools.partial(self._text, body)
         )
         reply = await self._play(request, recorded)
         if reply is None:
@@ -209,7 +210,12 @@ class ScriptedJudge:
         messages = body.get("messages") or []
         text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         recorded = RecordedRequest(
-            "/v1/chat/completions", None, body.get("seed"), body, functools.partial(str, text)
+            "/v1/chat/completions",
+            None,
+            body.get("seed"),
+            body,
+            dict(request.headers),
+            functools.partial(str, text),
         )
         reply = await self._play(request, recorded)
         if reply is None:

@@ -26,6 +26,7 @@ def backend_from_settings(settings: PrmSettings) -> JudgeBackend:
             sampling,
             api_key=key.get_secret_value() if key else None,
             chat_template_kwargs=settings.chat_template_kwargs,
+            routing_key_header=settings.routing_key_header,
         )
     assert settings.judge_tokenizer_path is not None  # PrmSettings checks it for sglang.
     return SglangBackend(
@@ -34,6 +35,7 @@ def backend_from_settings(settings: PrmSettings) -> JudgeBackend:
         sampling,
         model_name=settings.judge_model,
         chat_template_kwargs=settings.chat_template_kwargs,
+        routing_key_header=settings.routing_key_header,
     )
 
 

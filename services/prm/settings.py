@@ -41,6 +41,12 @@ class PrmSettings(ServiceSettings):
         description="extra variables for the judge's chat template (JSON, e.g."
         ' {"enable_thinking": false})',
     )
+    routing_key_header: str = Field(
+        "X-SMG-Routing-Key",
+        description="HTTP header that carries the judged step's episode id on every call to the"
+        " judge model, so a consistent-hashing router keeps an episode's votes on one engine;"
+        " empty sends none",
+    )
     default_votes: int = Field(3, ge=1, description="votes per step when a request says 0")
     max_votes: int = Field(16, ge=1, description="most votes a request may ask for")
     max_concurrent_requests: int = Field(

@@ -26,7 +26,13 @@ async def test_a_chat_model_solves_a_task_and_gets_a_reward_without_token_record
 
     async def completions(request: web.Request) -> web.Response:
         body = await request.json()
-        seen.append({"auth": request.headers.get("Authorization"), **body})
+        seen.append(
+            {
+                "auth": request.headers.get("Authorization"),
+                "routing": request.headers.get("X-Session"),
+                **body,
+            }
+        )
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         reply = script[min(turn, len(script) - 1)]
         return web.json_response(
@@ -49,7 +55,7 @@ async def test_a_chat_model_solves_a_task_and_gets_a_reward_without_token_record
     start.policy.model = "hosted-model"
     start.policy.tokenizer_path = ""
     try:
-        async with agent_stack(openai_api_key="sk-test") as env:
+        async with agent_stack(openai_api_key="sk-test", routing_key_header="X-Session") as env:
             result = result_of(await run_to_result(env.stub, start))
     finally:
         await runner.cleanup()
@@ -59,4 +65,6 @@ async def test_a_chat_model_solves_a_task_and_gets_a_reward_without_token_record
     assert seen[0]["model"] == "hosted-model" and seen[0]["auth"] == "Bearer sk-test"
     assert seen[0]["temperature"] == 1.0 and seen[0]["max_tokens"] == 2048
     assert [m["role"] for m in seen[1]["messages"]] == ["system", "user", "assistant", "user"]
+    # The routing key goes under the header name the agent is configured with.
+    assert [s["routing"] for s in seen] == ["chat"] * 4
     assert sandboxes_left() == []

@@ -89,6 +89,7 @@ async def test_a_stream_without_start_is_invalid_argument(agent) -> None:
         "fail_to_pass",
         "negative_turns",
         "prm_without_endpoint",
+        "routed_experts_from_a_chat_api",
     ],
 )
 async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -> None:
@@ -106,6 +107,9 @@ async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -
         del start.instance.fail_to_pass[:]
     elif field == "prm_without_endpoint":
         start.prm.enabled = True
+    elif field == "routed_experts_from_a_chat_api":
+        start.policy.api = pb.POLICY_API_OPENAI_CHAT
+        start.policy.return_routed_experts = True
     else:
         start.limits.max_turns = -1
     code, reason = await _refused(stub, [pb.RunEpisodeRequest(start=start)])

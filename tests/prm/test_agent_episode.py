@@ -162,6 +162,9 @@ async def test_an_episode_with_format_errors_in_turns_2_and_4_scores_every_turn_
     turn5 = next(r.prompt_text for r in judge.requests if "MARK-T5" in r.prompt_text)
     assert "Step 2: (format error" in turn5 and "Step 4: (format error" in turn5
     assert "Step 3: $ echo" in turn5
+    # One routing key, the episode id, on every policy call and every judge call.
+    assert {call.headers.get("X-SMG-Routing-Key") for call in replay.stats.calls} == {"prm-e2e-1"}
+    assert {r.headers.get("X-SMG-Routing-Key") for r in judge.requests} == {"prm-e2e-1"}
     # Every vote of the episode had its own seed.
     seeds = [r.seed for r in judge.requests]
     assert len(seeds) == len(set(seeds)) == 15

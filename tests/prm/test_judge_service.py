@@ -401,3 +401,30 @@ async def test_the_configured_judge_model_name_is_reported_without_asking(script
 
     assert response.judge_model == "qwen3-judge-8b"
     assert judge.model_info_requests == 0
+
+
+@pytest.mark.parametrize("backend", ["sglang", "openai"])
+async def test_every_vote_carries_the_steps_episode_id_as_its_routing_key(scripted, prm, backend):
+    judge = await scripted()
+    openai = {"judge_model": "judge-7b", "judge_tokenizer_path": None}
+    running = await prm(judge.url, backend=backend, **(openai if backend == "openai" else {}))
+
+    for episode_id in ("ep-a", "ep-b"):
+        request = judge_request(make_step(episode_id=episode_id), votes=2)
+        await running.stub.JudgeStep(request, timeout=30)
+
+    keys = [r.headers.get("X-SMG-Routing-Key") for r in judge.requests]
+    assert sorted(keys) == ["ep-a", "ep-a", "ep-b", "ep-b"]
+
+
+async def test_the_routing_key_header_is_configurable_and_can_be_turned_off(scripted, prm):
+    judge = await scripted()
+    renamed = await prm(judge.url, routing_key_header="X-Session")
+    silent = await prm(judge.url, routing_key_header="")
+
+    await renamed.stub.JudgeStep(judge_request(make_step(episode_id="ep-c"), votes=1), timeout=30)
+    await silent.stub.JudgeStep(judge_request(make_step(episode_id="ep-d"), votes=1), timeout=30)
+
+    first, second = judge.requests
+    assert first.headers.get("X-Session") == "ep-c" and "X-SMG-Routing-Key" not in first.headers
+    assert "X-Session" not in second.headers and "X-SMG-Routing-Key" not in second.headers
