@@ -1,5 +1,6 @@
 """Episode artifacts: `<dir>/<instance_id>__<episode_id>/` with traj.json (mini-swe-agent style
-messages, per-step debug, info), patch.diff and meta.json, written in the agent's thread pool."""
+messages, per-step debug, info), patch.diff, meta.json and, when the episode has token records,
+tokens.json (the records as trained, read by `swerl inspect`), written in the thread pool."""
 
 from __future__ import annotations
 
@@ -25,11 +26,34 @@ def episode_dir(root: str, instance_id: str, episode_id: str) -> Path:
     return Path(root) / name
 
 
-def _write(directory: Path, traj: dict[str, Any], patch: bytes, meta: dict[str, Any]) -> str:
+def _token_record(record: pb.TokenRecord) -> dict[str, Any]:
+    return {
+        "prompt_ids": list(record.prompt_ids),
+        "response_ids": list(record.response_ids),
+        "loss_mask": list(record.loss_mask),
+        "logprobs": [round(x, 5) for x in record.logprobs],
+    }
+
+
+def _write(
+    directory: Path,
+    traj: dict[str, Any],
+    patch: bytes,
+    meta: dict[str, Any],
+    result: pb.EpisodeResult,
+) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "traj.json").write_text(json.dumps(traj, indent=1))
     (directory / "patch.diff").write_bytes(patch)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+    if result.HasField("trajectory") or result.turns:
+        tokens = {
+            "trajectory": _token_record(result.trajectory)
+            if result.HasField("trajectory")
+            else None,
+            "turns": [_token_record(turn) for turn in result.turns],
+        }
+        (directory / "tokens.json").write_text(json.dumps(tokens, separators=(",", ":")))
     return str(directory)
 
 
@@ -77,4 +101,6 @@ async def write_artifacts(
     }
     directory = episode_dir(spec.artifact_dir, spec.instance.instance_id, spec.episode_id)
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor, _write, directory, traj, bytes(result.patch), meta)
+    return await loop.run_in_executor(
+        executor, _write, directory, traj, bytes(result.patch), meta, result
+    )
