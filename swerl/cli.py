@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from swerl.chassis.logging import configure_logging
 from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.tasks import TaskFormatError, TaskImageError
 
 
 def _exec_serve(args: argparse.Namespace) -> int:
@@ -142,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except ValidationError as exc:
         print(f"swerl: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    except (TaskFormatError, TaskImageError) as exc:
+        # A bad task row or image is the user's input: one message, no traceback.
+        print(f"swerl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

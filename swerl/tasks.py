@@ -1,9 +1,12 @@
 """Task instances in SWE-bench format, read from a directory, and the Docker images they run in.
 
 A tasks directory holds one subdirectory per instance, named after its ``instance_id``:
-``instance.json`` (the SWE-bench row, plus ``image_name`` and ``eval_script``), a ``Dockerfile``
-that builds the repository at ``base_commit`` into ``/testbed`` from ``${BASE_IMAGE}``, and the
-patches as files (``gold.patch``, ``test.patch``, optionally ``wrong.patch``). The bundled set
+``instance.json`` (the SWE-bench row as published, optionally with ``image_name`` and
+``eval_script``), a ``Dockerfile`` that builds the repository at ``base_commit`` into ``/testbed``
+from ``${BASE_IMAGE}``, and the patches as files (``gold.patch``, ``test.patch``, optionally
+``wrong.patch``). A row without ``eval_script`` is a classic SWE-bench row: Evaluate runs the
+script swebench builds for its ``repo``/``version``. A row without ``image_name`` runs in the
+image its dataset publishes (SWE-bench's naming rule). The bundled set
 lives in the repository's ``examples/tasks``; ``examples/tasks/README.md`` describes the format.
 
 Loading needs nothing beyond the standard library; building images needs the Docker SDK (the
@@ -39,8 +42,6 @@ REQUIRED_KEYS = (
     "test_patch",
     "FAIL_TO_PASS",
     "PASS_TO_PASS",
-    "image_name",
-    "eval_script",
 )
 # Each patch lives both in instance.json (as in SWE-bench) and as a file that `git apply` and a
 # reader can use directly; the two copies must agree.
@@ -91,7 +92,8 @@ class TaskInstance:
 
     @property
     def eval_script(self) -> str:
-        return str(self.instance["eval_script"])
+        """The row's own test script; empty for a classic SWE-bench row."""
+        return str(self.instance.get("eval_script") or "")
 
     @property
     def wrong_patch_breaks(self) -> list[str]:
@@ -149,9 +151,14 @@ def load_task(directory: Path) -> TaskInstance:
     missing = [key for key in REQUIRED_KEYS if key not in instance]
     if missing:
         raise TaskFormatError(f"{path}: missing required keys: {', '.join(missing)}")
-    for key in ("instance_id", "repo", "base_commit", "image_name", "eval_script", "patch"):
+    for key in ("instance_id", "repo", "base_commit", "patch"):
         if not isinstance(instance[key], str) or not instance[key].strip():
             raise TaskFormatError(f"{path}: {key!r} must be a non-empty string")
+    for key in ("image_name", "eval_script"):
+        if not isinstance(instance.get(key, ""), str):
+            raise TaskFormatError(f"{path}: {key!r} must be a string when given")
+    if not str(instance.get("image_name") or "").strip():
+        instance["image_name"] = published_image_name(instance["instance_id"])
     if instance["instance_id"] != directory.name:
         raise TaskFormatError(
             f"{path}: instance_id {instance['instance_id']!r} differs from its directory name "
@@ -191,6 +198,12 @@ def load_task(directory: Path) -> TaskInstance:
         test_patch=patches["test_patch"] or "",
         wrong_patch=patches["wrong_patch"],
     )
+
+
+def published_image_name(instance_id: str) -> str:
+    """SWE-bench's image for an instance: `__` becomes `_1776_`, lower-cased, tag `latest`."""
+    name = "docker.io/swebench/sweb.eval.x86_64." + instance_id.replace("__", "_1776_")
+    return name.lower() + ":latest"
 
 
 def _test_ids(path: Path, key: str, value: Any) -> list[str]:
@@ -293,12 +306,17 @@ def _build(client: docker.DockerClient, task: TaskInstance, base_image: str) -> 
 
 
 def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: Image) -> None:
+    """/testbed must be at base_commit, or one commit above it as SWE-bench's images are.
+
+    The official images commit their environment setup on top of base_commit; an image whose
+    HEAD is neither base_commit nor a child of it holds some other tree.
+    """
     import docker as docker_sdk
 
     try:
         output = client.containers.run(
             image.id,
-            ["git", "rev-parse", "HEAD"],
+            ["sh", "-c", "git rev-parse HEAD && (git rev-parse -q --verify HEAD~1 || true)"],
             working_dir="/testbed",
             network_disabled=True,
             remove=True,
@@ -308,10 +326,10 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
         raise TaskImageError(
             f"{task.image_name}: `git rev-parse HEAD` failed in /testbed: {stderr}"
         ) from exc
-    head = output.decode().strip()
-    if head != task.base_commit:
+    head, parent, *_ = [*output.decode().split(), "", ""]
+    if task.base_commit not in (head, parent):
         raise TaskImageError(
-            f"{task.image_name}: HEAD of /testbed is {head or '(none)'}, but "
-            f"{task.directory / INSTANCE_FILE} says base_commit {task.base_commit}. The image is "
-            "stale (build with rebuild=True) or repo/ changed after base_commit was recorded."
+            f"{task.image_name}: /testbed is at {head or '(no commit)'}, which is neither "
+            f"base_commit {task.base_commit} of {task.directory / INSTANCE_FILE} nor one commit "
+            "above it; rebuild the image (`swerl tasks build --rebuild`) or correct base_commit"
         )

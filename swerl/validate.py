@@ -1,9 +1,16 @@
 """`swerl validate`: proves a task set grades correctly before anyone trains on it.
 
-Every instance's gold patch, an empty patch and (where the task has one) its known-wrong patch
-go through the real EvaluateService in fresh sandboxes. The gold patch must resolve, the others
-must not; anything else is a broken task (wrong FAIL_TO_PASS lists, an image at the wrong
-commit, a flaky test) and makes the command exit non-zero. By default an exec node runs
+Three checks per instance, each through the real EvaluateService in a fresh sandbox, as
+SWE-bench validates its own tasks:
+
+- unpatched: the tests on the tree as the image holds it, with the test patch applied and no
+  fix. Every FAIL_TO_PASS test must fail there and every PASS_TO_PASS test must pass; a task
+  that fails this is reported broken (wrong test lists, an image at the wrong commit), with the
+  tests that disagree, whatever its gold patch does.
+- gold: the reference fix must resolve.
+- empty (and the known-wrong patch, where the task has one): must not resolve.
+
+Anything unexpected makes the command exit non-zero. By default an exec node runs
 in-process on the local dockerd; `--node` points at a running one instead.
 """
 
@@ -28,11 +35,24 @@ _STATUS = {v: k.removeprefix("EVALUATION_STATUS_") for k, v in pb.EvaluationStat
 @dataclass(frozen=True)
 class Check:
     instance_id: str
-    kind: str  # gold | empty | wrong
+    kind: str  # unpatched | gold | empty | wrong
     status: str
     ok: bool
     detail: str
     seconds: float
+
+
+# Evaluate grades an empty patch without running the tests, so the unpatched check sends a patch
+# that only adds this file outside the package: the tests run on the tree as it is.
+UNPATCHED_MARKER_FILE = ".swerl-validate-unpatched"
+UNPATCHED_PATCH = (
+    f"diff --git a/{UNPATCHED_MARKER_FILE} b/{UNPATCHED_MARKER_FILE}\n"
+    "new file mode 100644\n"
+    "--- /dev/null\n"
+    f"+++ b/{UNPATCHED_MARKER_FILE}\n"
+    "@@ -0,0 +1 @@\n"
+    "+the tests of swerl validate's unpatched check run on the tree as the image holds it\n"
+)
 
 
 async def evaluate_once(
@@ -57,7 +77,21 @@ async def evaluate_once(
 def _judge(task: TaskInstance, kind: str, report: pb.EvaluationReport) -> tuple[bool, str]:
     status = _STATUS[report.status]
     failed = list(report.fail_to_pass.failure) + list(report.pass_to_pass.failure)
-    if kind == "gold":
+    if kind == "unpatched":
+        passing = list(report.fail_to_pass.success)
+        failing = list(report.pass_to_pass.failure)
+        ok = status in ("UNRESOLVED", "RESOLVED_PARTIAL") and not passing and not failing
+        parts = []
+        if passing:
+            parts.append(f"FAIL_TO_PASS passing unpatched: {', '.join(passing[:4])}")
+        if failing:
+            parts.append(f"PASS_TO_PASS failing unpatched: {', '.join(failing[:4])}")
+        if status == "RESOLVED_FULL":
+            parts.append("resolved without a fix")
+        if not ok and not parts:
+            parts.append(report.error_reason or status)
+        detail = "; ".join(parts) if not ok else ""
+    elif kind == "gold":
         ok = status == "RESOLVED_FULL"
         detail = "" if ok else (report.error_reason or f"failing: {', '.join(failed[:4])}")
     elif kind == "wrong":
@@ -84,6 +118,7 @@ async def validate(
     limit = asyncio.Semaphore(max(concurrency, 1))
     jobs = []
     for task in tasks:
+        jobs.append((task, "unpatched", UNPATCHED_PATCH))
         jobs.append((task, "gold", task.gold_patch))
         jobs.append((task, "empty", ""))
         if task.wrong_patch:
@@ -113,19 +148,23 @@ async def validate(
 
 def render(checks: Sequence[Check]) -> str:
     width = max((len(c.instance_id) for c in checks), default=10)
-    lines = [f"{'instance':<{width}}  {'patch':<5}  {'status':<16}  {'ok':<3}  {'s':>5}  detail"]
+    lines = [f"{'instance':<{width}}  {'check':<9}  {'status':<16}  {'ok':<3}  {'s':>5}  detail"]
     for c in checks:
         lines.append(
-            f"{c.instance_id:<{width}}  {c.kind:<5}  {c.status:<16}  {'yes' if c.ok else 'NO':<3}"
+            f"{c.instance_id:<{width}}  {c.kind:<9}  {c.status:<16}  {'yes' if c.ok else 'NO':<3}"
             f"  {c.seconds:5.1f}  {c.detail}"
         )
+    unpatched = [c for c in checks if c.kind == "unpatched"]
     gold = [c for c in checks if c.kind == "gold"]
-    resolved = sum(c.ok for c in gold)
-    others = [c for c in checks if c.kind != "gold"]
+    others = [c for c in checks if c.kind in ("empty", "wrong")]
     lines.append(
-        f"\ngold resolved {resolved}/{len(gold)}; empty/wrong patches correctly not resolved"
-        f" {sum(c.ok for c in others)}/{len(others)}"
+        f"\nunpatched tree as the task says {sum(c.ok for c in unpatched)}/{len(unpatched)};"
+        f" gold resolved {sum(c.ok for c in gold)}/{len(gold)};"
+        f" empty/wrong patches correctly not resolved {sum(c.ok for c in others)}/{len(others)}"
     )
+    for c in unpatched:
+        if not c.ok:
+            lines.append(f"broken task {c.instance_id}: {c.detail}")
     return "\n".join(lines)
 
 

@@ -3,7 +3,15 @@
 Grading is the `swebench` package's own (pinned): its log parsers, `get_eval_report` and
 `get_resolution_status`. An instance either carries `eval_script` + `log_parser` (run as given)
 or is a classic SWE-bench instance whose eval script swebench builds from `repo`/`version`. The
-eval script's exit code is never the verdict unless the instance asks for `eval_type=exit_code`.
+eval script's exit code is never the verdict unless the instance asks for `eval_type=exit_code`;
+the report carries it anyway (the test command's own exit code where the script marks its test
+section the way swebench's does), with warnings when the log shows an install or network step
+failing.
+
+Evaluation sandboxes get no network unless the node's operator turns on `evaluation_network`
+(ExecSettings): some tasks install their package or fetch test data over the network, as
+SWE-bench's own harness allows. Agent sandboxes never get network from that setting. Offline,
+pip fails at once instead of retrying, and the report says which way the evaluation ran.
 
 Patch, test patch and eval script travel as files through the sandbox's I/O directory (no
 heredocs, no argv limits). Infrastructure failures (image missing, container gone, Docker down)
@@ -41,6 +49,22 @@ MAX_LOG_BYTES = 128 << 20
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
 EXIT_MARKER = ">>>>> Test Exit Code"
+# How swebench's eval.sh closes its test section (a traced no-op under `set -x`).
+_SWEBENCH_END_LINE = f": '{END_MARKER}'"
+_EXIT_LINE = re.compile(rb"^>>>>> Test Exit Code: (-?\d+)\s*$", re.MULTILINE)
+# Offline, pip's five retries with back-off only delay the failure (about 10 s per install).
+_OFFLINE_ENV = "export PIP_RETRIES=0 PIP_TIMEOUT=5\n"
+# Log lines that show a step needed the network and did not get it.
+_NETWORK_FAILURES = re.compile(
+    rb"Failed to establish a new connection|Temporary failure in name resolution|"
+    rb"Network is unreachable|Could not resolve host|Name or service not known|"
+    rb"No matching distribution found|Could not find a version that satisfies",
+)
+# pip's own failure line, or no pip (or python) to run at all.
+_INSTALL_FAILURE = re.compile(
+    rb"^(?:ERROR: .*|.*No module named pip.*|.*command not found.*)$", re.MULTILINE
+)
+_INSTALL_TRACE = re.compile(rb"^\+ (?:python[0-9.]* -m )?pip[0-9.]* install .*$", re.MULTILINE)
 # Synthetic swebench repo keys for instances that name their own log parser, so a dataset's
 # explicit parser never changes how swebench grades a real repository of the same name.
 _EXPLICIT_REPO = "swerl-explicit/{parser}/{eval_type}"
@@ -107,6 +131,10 @@ class Report:
     error_reason: str = ""
     error_message: str = ""
     failed_phase: str = ""
+    # "none" or "bridge": the network the evaluation's commands had.
+    network: str = "none"
+    # (reason, detail) pairs: what the log shows went wrong without changing the verdict.
+    warnings: list[tuple[str, str]] = field(default_factory=list)
 
 
 Event = PhaseEvent | LogEvent | Report
@@ -123,6 +151,9 @@ class EvalSpec:
     test_spec: Any  # swebench TestSpec
     exit_code_only: bool
     applies_test_patch_itself: bool
+    # The script prints the harness's start/end markers itself (swebench's eval.sh, or one
+    # pasted from it): run as it is, never wrapped in a second pair.
+    prints_markers: bool = False
 
 
 def _as_list(value: Any) -> list[str]:
@@ -170,8 +201,15 @@ def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
             instance_id=instance_id,
         )
     if eval_script.strip():
-        parser = _find_parser(parser_name or "pytest", instance_id)
-        fail_only = eval_type == "fail_only"
+        if parser_name or repo not in MAP_REPO_TO_PARSER:
+            parser = _find_parser(parser_name or "pytest", instance_id)
+        else:
+            # A script for a repository swebench knows (e.g. swebench's own eval.sh pasted
+            # into the row) is read with that repository's parser, as swebench reads it.
+            parser = MAP_REPO_TO_PARSER[repo]
+        fail_only = eval_type == "fail_only" or (
+            not eval_type and not parser_name and repo in FAIL_ONLY_REPOS
+        )
         key = _EXPLICIT_REPO.format(parser=parser.__name__, eval_type=eval_type or "pytest")
         MAP_REPO_TO_PARSER[key] = parser
         MAP_REPO_VERSION_TO_SPECS.setdefault(key, {}).setdefault(version, {"test_cmd": ""})
@@ -192,7 +230,13 @@ def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
             namespace=None,
         )
         return EvalSpec(
-            instance, eval_script, str(instance.get("test_patch") or ""), test_spec, False, False
+            instance,
+            eval_script,
+            str(instance.get("test_patch") or ""),
+            test_spec,
+            False,
+            False,
+            prints_markers=START_MARKER in eval_script,
         )
     if repo not in MAP_REPO_VERSION_TO_SPECS or version not in MAP_REPO_VERSION_TO_SPECS[repo]:
         raise EvalSpecEmpty(
@@ -225,7 +269,13 @@ def build_eval_spec(instance: Mapping[str, Any]) -> EvalSpec:
         namespace=None,
     )
     return EvalSpec(
-        instance, test_spec.eval_script, str(instance["test_patch"]), test_spec, False, True
+        instance,
+        test_spec.eval_script,
+        str(instance["test_patch"]),
+        test_spec,
+        False,
+        True,
+        prints_markers=True,
     )
 
 
@@ -264,6 +314,7 @@ class CommandFailed(Exception):
 class Evaluator:
     def __init__(self, manager: SandboxManager) -> None:
         self._m = manager
+        self._network = "bridge" if manager.settings.evaluation_network else "none"
 
     @property
     def manager(self) -> SandboxManager:
@@ -283,6 +334,7 @@ class Evaluator:
         started = time.monotonic()
         report = Report(instance_id=str(instance["instance_id"]))
         own_sandbox = not sandbox_id
+        report.network = self._network
         work: Path | None = None
         # Bad requests fail before the first message (the contract): check the sandbox or the
         # image reference up front, before PREPARE is announced.
@@ -295,7 +347,8 @@ class Evaluator:
                 )
             validate_image_reference(image)
         else:
-            self._m.get(sandbox_id)  # NOT_FOUND for an unknown sandbox
+            # NOT_FOUND for an unknown sandbox; a pool's sandbox has the network it was made with.
+            report.network = self._m.get(sandbox_id).network
         try:
             yield PhaseEvent("PREPARE", time.time())
             if own_sandbox:
@@ -307,6 +360,8 @@ class Evaluator:
                             workdir=REPO_DIR,
                             owner="evaluate",
                             instance_id=report.instance_id,
+                            network=self._network,
+                            for_evaluation=True,
                             # Outlives the evaluation, but never past the node's longest
                             # lifetime (a longer ttl is refused as INVALID_SANDBOX_SPEC).
                             ttl_s=min(
@@ -490,21 +545,24 @@ class Evaluator:
 
             # -- the tests --------------------------------------------------------------------
             yield PhaseEvent("RUN_TESTS", time.time())
-            (work / "eval.sh").write_text(spec.eval_script)
-            if spec.applies_test_patch_itself:
-                # swebench's own eval.sh prints the markers and records the exit code itself.
-                run_tests = f"cd {REPO_DIR} && bash {inside}/eval.sh"
+            (work / "eval.sh").write_text(_recording_exit_code(spec))
+            offline = _OFFLINE_ENV if report.network == "none" else ""
+            if spec.prints_markers:
+                # The script prints the markers (swebench's eval.sh, or a copy of it): a second
+                # pair around it would frame its setup steps as test output.
+                run_tests = f"{offline}cd {REPO_DIR} && bash {inside}/eval.sh"
             else:
                 run_tests = (
-                    f"cd {REPO_DIR}\necho '{START_MARKER}'\nbash {inside}/eval.sh\nrc=$?\n"
-                    f"echo '{END_MARKER}'\necho \"{EXIT_MARKER}: $rc\"\nexit $rc"
+                    f"{offline}cd {REPO_DIR}\necho '{START_MARKER}'\nbash {inside}/eval.sh\n"
+                    f"rc=$?\necho '{END_MARKER}'\necho \"{EXIT_MARKER}: $rc\"\nexit $rc"
                 )
             t = time.monotonic()
             result, test_log = await step(
                 run_tests, "RUN_TESTS", timeout=timeout_s, max_output=MAX_LOG_BYTES
             )
             report.tests_s = time.monotonic() - t
-            report.test_exit_code = result.exit_code
+            report.test_exit_code = _test_exit_code(test_log, result.exit_code)
+            report.warnings.extend(log_warnings(test_log, report.network))
             for event in flush():
                 yield event
             if result.timed_out:
@@ -528,6 +586,66 @@ class Evaluator:
                 str(exc),
                 report.failed_phase or "RUN_TESTS",
             )
+
+
+def _recording_exit_code(spec: EvalSpec) -> str:
+    """The script as run: swebench's layout gets one line that prints the test command's exit code.
+
+    swebench's eval.sh ends by restoring the test files, so its own exit status is that of a
+    `git checkout`. Right after the test command (before the end marker) it records `$?`, and
+    prints it after the marker, outside the section the grader parses. Other scripts run as
+    written: the wrapper prints their exit status, or, if they print the markers themselves
+    without swebench's closing line, their exit status is the script's.
+    """
+    lines = spec.eval_script.split("\n")
+    if not spec.prints_markers or _SWEBENCH_END_LINE not in lines:
+        return spec.eval_script
+    at = lines.index(_SWEBENCH_END_LINE)
+    return "\n".join(
+        [
+            *lines[:at],
+            "swerl_test_exit_code=$?",
+            lines[at],
+            f'echo "{EXIT_MARKER}: $swerl_test_exit_code"',
+            *lines[at + 1 :],
+        ]
+    )
+
+
+def _test_exit_code(test_log: bytes, script_exit_code: int) -> int:
+    """The last exit code the log records for the test command, else the script's own."""
+    codes = _EXIT_LINE.findall(test_log)
+    return int(codes[-1]) if codes else script_exit_code
+
+
+def log_warnings(test_log: bytes, network: str) -> list[tuple[str, str]]:
+    """What the log shows failed without deciding the verdict: an install step, a network step.
+
+    An install step failed when a `pip install` the script traced (`set -x`) is followed, before
+    the next traced command, by pip's `ERROR:` or a sign that there is no pip to run. A network
+    step failed when any line shows a connection or name-resolution failure, or pip finding no
+    distribution.
+    """
+    warnings: list[tuple[str, str]] = []
+    for match in _INSTALL_TRACE.finditer(test_log):
+        after = test_log[match.end() :]
+        next_trace = re.search(rb"^\+ ", after, re.MULTILINE)
+        section = after[: next_trace.start()] if next_trace else after
+        error = _INSTALL_FAILURE.search(section)
+        if error:
+            step = match.group().decode(errors="replace")[2:]
+            detail = error.group().decode(errors="replace")
+            warnings.append(("INSTALL_STEP_FAILED", f"`{step}` failed: {detail}"[:500]))
+    failure = _NETWORK_FAILURES.search(test_log)
+    if failure:
+        start = test_log.rfind(b"\n", 0, failure.start()) + 1
+        end = test_log.find(b"\n", failure.end())
+        line = test_log[start : end if end >= 0 else None].decode(errors="replace").strip()
+        where = "without network" if network == "none" else f"with network {network!r}"
+        warnings.append(
+            ("NETWORK_STEP_FAILED", f"a step needed the network ({where}): {line}"[:500])
+        )
+    return warnings
 
 
 def _stop(report: Report, status: str, reason: str, message: str | bytes, phase: str = "") -> None:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.capability import require_lease_token
 from swerl.exec.evaluate import Evaluator, LogEvent, PhaseEvent, Report
-from swerl.exec.servicer import OUTPUT_STREAM_TO_PB
+from swerl.exec.servicer import NETWORK_TO_PB, OUTPUT_STREAM_TO_PB
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.sweinstance import instance_from_pb
@@ -58,6 +58,8 @@ def report_to_pb(report: Report) -> pb.EvaluationReport:
             if report.failed_phase
             else pb.EVALUATION_PHASE_UNSPECIFIED
         ),
+        network=NETWORK_TO_PB[report.network],
+        warnings=[pb.EvaluationWarning(reason=r, message=m) for r, m in report.warnings],
     )
 
 

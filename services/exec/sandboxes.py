@@ -30,6 +30,7 @@ from swerl.exec.errors import (
     DockerUnavailable,
     EmptyCommand,
     ImageNotPresent,
+    InvalidCommand,
     InvalidImageReference,
     InvalidSandboxSpec,
     NodeAtCapacity,
@@ -71,12 +72,32 @@ _IMAGE_REF = re.compile(
 _IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+# Docker's limit on a repository name (domain and path, without tag or digest).
+_NAME_MAX = 255
+
+
 def validate_image_reference(image: str) -> None:
     """Docker's reference grammar (name[:tag][@digest]) or a full image id."""
     if not image:
         raise InvalidImageReference("image is required")
-    if len(image) > 512 or not (_IMAGE_REF.match(image) or _IMAGE_ID.match(image)):
+    if _IMAGE_ID.match(image):
+        return
+    if len(image) > 512 or not _IMAGE_REF.match(image):
         raise InvalidImageReference(f"malformed image reference {image!r}", image=image)
+    name = image.partition("@")[0]
+    if name.rfind(":") > name.rfind("/"):
+        name = name[: name.rfind(":")]
+    if len(name) > _NAME_MAX:
+        raise InvalidImageReference(
+            f"repository name of {image[:80]!r}... is longer than {_NAME_MAX} characters",
+            image=image[:_NAME_MAX],
+        )
+    # As Docker reads it, a first component is a registry only if it has a dot or a port or is
+    # `localhost`; otherwise it is part of the repository path, which must be lower case.
+    first, slash, _ = name.partition("/")
+    is_registry = slash and ("." in first or ":" in first or first == "localhost")
+    if not is_registry and first != first.lower():
+        raise InvalidImageReference(f"repository name must be lower case: {image!r}", image=image)
 
 
 def split_reference(image: str) -> tuple[str, str | None]:
@@ -110,6 +131,9 @@ class CreateSpec:
     lease_id: str = ""
     owner: str = ""
     instance_id: str = ""
+    # Set only by the node's evaluator, never from a request: lets evaluation sandboxes have the
+    # bridge network when ExecSettings.evaluation_network is on, whatever allow_bridge_network.
+    for_evaluation: bool = False
 
 
 @dataclass
@@ -354,7 +378,10 @@ class SandboxManager:
             )
         if spec.network not in NETWORK_MODES:
             raise InvalidSandboxSpec(f"unknown network {spec.network!r}")
-        if spec.network == "bridge" and not self.settings.allow_bridge_network:
+        bridge_allowed = self.settings.allow_bridge_network or (
+            spec.for_evaluation and self.settings.evaluation_network
+        )
+        if spec.network == "bridge" and not bridge_allowed:
             raise InvalidSandboxSpec("this node does not allow bridge networking")
         res = spec.resources
         if res is not None and (res.cpus < 0 or res.memory_bytes < 0 or res.pids < 0):
@@ -551,6 +578,12 @@ class SandboxManager:
     def start_command(self, sandbox_id: str, spec: CommandSpec) -> CommandRun:
         if not spec.command.strip():
             raise EmptyCommand("command is empty", sandbox_id=sandbox_id)
+        if spec.timeout_s < 0 or spec.max_output_bytes < 0:
+            raise InvalidCommand(
+                f"timeout ({spec.timeout_s:g} s) and max_output_bytes ({spec.max_output_bytes})"
+                " cannot be negative (zero means the node's default)",
+                sandbox_id=sandbox_id,
+            )
         record = self.get(sandbox_id)
         if not record.running or record.shell.container_exited:
             record.running = False

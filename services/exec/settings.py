@@ -29,6 +29,11 @@ class ExecSettings(ServiceSettings):
     max_output_bytes_limit: int = Field(64 << 20, description="largest output cap a request gets")
     max_diff_bytes: int = 64 << 20
     allow_bridge_network: bool = False
+    evaluation_network: bool = Field(
+        False,
+        description="give Evaluate's own sandboxes the bridge network (never agent sandboxes), "
+        "for tasks whose install step or tests need egress",
+    )
     cap_add: list[str] = Field(
         default_factory=lambda: [
             "CHOWN",

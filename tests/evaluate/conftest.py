@@ -82,3 +82,13 @@ async def eval_node(tmp_path, task_images) -> AsyncIterator[EvalNode]:
         await node.stop(0)
         leftover = await asyncio.to_thread(_containers_of, settings.node_id)
     assert not leftover, f"sandbox containers leaked: {leftover}"
+
+
+@pytest.fixture(scope="session")
+def official_task(base_image, tmp_path_factory):
+    """The classic-row task in the official layout (official_testkit), its image built once."""
+    from official_testkit import write_official_task
+
+    task = write_official_task(tmp_path_factory.mktemp("official"))
+    build_images([task], base_image=base_image, rebuild=True, progress=lambda _line: None)
+    return task

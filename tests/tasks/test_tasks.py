@@ -184,12 +184,41 @@ def test_loader_accepts_test_lists_stored_as_json_text_as_swe_bench_datasets_do(
 
 def test_loader_names_the_file_and_every_missing_key(tmp_path):
     directory = _copy_task(tmp_path)
-    _edit_instance(directory, base_commit=None, image_name=None)
+    _edit_instance(directory, base_commit=None, PASS_TO_PASS=None)
     with pytest.raises(TaskFormatError) as info:
         load_tasks(directory.parent)
     message = str(info.value)
     assert str(directory / "instance.json") in message
-    assert "base_commit" in message and "image_name" in message
+    assert "base_commit" in message and "PASS_TO_PASS" in message
+    assert "\n" not in message
+
+
+def test_loader_accepts_a_classic_swe_bench_row_without_eval_script_or_image_name(tmp_path):
+    directory = _copy_task(tmp_path)
+    original = BY_ID[directory.name]
+    _edit_instance(
+        directory,
+        eval_script=None,
+        image_name=None,
+        eval_type=None,
+        log_parser=None,
+        FAIL_TO_PASS=json.dumps(original.fail_to_pass),
+        PASS_TO_PASS=json.dumps(original.pass_to_pass),
+    )
+    (loaded,) = load_tasks(directory.parent)
+    assert loaded.eval_script == ""
+    assert loaded.fail_to_pass == original.fail_to_pass
+    # The image SWE-bench publishes for the instance, by its naming rule.
+    assert loaded.image_name == (
+        "docker.io/swebench/sweb.eval.x86_64.swerl-examples_1776_listutils-14:latest"
+    )
+
+
+def test_loader_rejects_an_eval_script_that_is_not_a_string(tmp_path):
+    directory = _copy_task(tmp_path)
+    _edit_instance(directory, eval_script=["pytest"])
+    with pytest.raises(TaskFormatError, match=r"instance\.json: 'eval_script' must be a string"):
+        load_tasks(directory.parent)
 
 
 def test_loader_rejects_invalid_json(tmp_path):
@@ -303,9 +332,32 @@ def test_build_images_refuses_an_image_whose_head_is_not_base_commit(
     directory = _copy_task(tmp_path)
     _edit_instance(directory, base_commit="0" * 40, image_name=scratch_image_name)
     lines: list[str] = []
-    with pytest.raises(TaskImageError, match=f"says base_commit {'0' * 40}"):
+    with pytest.raises(TaskImageError, match=f"neither base_commit {'0' * 40}") as info:
         build_images(load_tasks(directory.parent), base_image=base_image, progress=lines.append)
     assert lines and "built in" in lines[0]
+    assert "swerl tasks build --rebuild" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.docker
+def test_build_images_accepts_the_official_layout_one_setup_commit_above_base(
+    tmp_path, base_image, scratch_image_name
+):
+    # SWE-bench's images commit their environment setup on top of base_commit.
+    directory = _copy_task(tmp_path)
+    _edit_instance(directory, image_name=scratch_image_name)
+    dockerfile = directory / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text() + "RUN git -c user.name=setup -c user.email=setup@swerl.invalid"
+        " commit -q --allow-empty -m 'environment setup'\n"
+    )
+    (task,) = load_tasks(directory.parent)
+    images = build_images([task], base_image=base_image, progress=lambda _: None)
+    assert task.instance_id in images
+    head = docker.from_env().containers.run(
+        scratch_image_name, ["git", "rev-parse", "HEAD~1"], working_dir="/testbed", remove=True
+    )
+    assert head.decode().strip() == task.base_commit
 
 
 @pytest.mark.docker

@@ -1,0 +1,135 @@
+"""Classic SWE-bench rows on an image in the official layout (official_testkit), end to end.
+
+The row has no eval_script, so Evaluate runs swebench's own eval.sh: it activates the `testbed`
+environment through the conda shim, tries `pip install -e .` (there is no pip offline, as there
+is no index offline for a real image), applies the test patch and runs `pytest -rA`.
+"""
+
+from __future__ import annotations
+
+import docker
+import pytest
+from evaluate_testkit import evaluate
+from official_testkit import write_official_task
+
+from swerl.cli import main
+from swerl.exec.evaluate import build_eval_spec
+from swerl.exec.v1 import evaluate_pb2 as pb
+from swerl.exec.v1 import sandbox_pb2
+from swerl.tasks import TaskImageError, build_images
+
+pytestmark = pytest.mark.docker
+
+
+def _tests(report: pb.EvaluationReport) -> tuple[list[str], ...]:
+    return (
+        sorted(report.fail_to_pass.success),
+        sorted(report.fail_to_pass.failure),
+        sorted(report.pass_to_pass.success),
+        sorted(report.pass_to_pass.failure),
+    )
+
+
+async def test_gold_patch_resolves_the_classic_row_with_the_tests_exit_code(
+    eval_node, official_task
+):
+    evaluation = await evaluate(
+        eval_node.evaluate, official_task.instance, official_task.gold_patch
+    )
+    report = evaluation.report
+    assert evaluation.status == "RESOLVED_FULL", report
+    assert report.test_exit_code == 0
+    # swebench's script applies the test patch itself and prints its own markers once.
+    assert "APPLY_TEST_PATCH" not in evaluation.phases
+    log = evaluation.log_of("RUN_TESTS")
+    assert log.count(b">>>>> Start Test Output") == 1
+    # The shim activated the testbed environment: pytest ran from it.
+    assert b"/opt/miniconda3/envs/testbed/bin/python" in log or b"conda activate testbed" in log
+
+
+async def test_failing_tests_give_their_exit_code_not_the_scripts_last_command(
+    eval_node, official_task
+):
+    # No fix: FAIL_TO_PASS fails, pytest exits 1. The script's last step (restoring the test
+    # files with git checkout) exits 0; the report must carry pytest's 1.
+    harmless = (
+        "diff --git a/NOTES b/NOTES\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES\n"
+        "@@ -0,0 +1 @@\n+unrelated\n"
+    )
+    evaluation = await evaluate(eval_node.evaluate, official_task.instance, harmless)
+    assert evaluation.status == "UNRESOLVED"
+    assert evaluation.report.test_exit_code == 1
+    assert set(evaluation.report.fail_to_pass.failure) == set(official_task.fail_to_pass)
+
+
+async def test_offline_install_step_failure_is_a_warning_and_the_network_is_reported(
+    eval_node, official_task
+):
+    report = (
+        await evaluate(eval_node.evaluate, official_task.instance, official_task.gold_patch)
+    ).report
+    assert report.network == sandbox_pb2.NETWORK_MODE_NONE
+    reasons = [warning.reason for warning in report.warnings]
+    assert reasons == ["INSTALL_STEP_FAILED"], report.warnings
+    assert "pip install -e ." in report.warnings[0].message
+    assert report.status == pb.EVALUATION_STATUS_RESOLVED_FULL  # a warning, not a verdict
+
+
+@pytest.mark.parametrize("patch_kind", ["gold", "none"])
+async def test_swebenchs_own_script_pasted_as_eval_script_grades_like_the_classic_path(
+    eval_node, official_task, patch_kind
+):
+    patch = (
+        official_task.gold_patch
+        if patch_kind == "gold"
+        else official_task.wrong_patch
+        or (
+            "diff --git a/NOTES b/NOTES\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES\n"
+            "@@ -0,0 +1 @@\n+unrelated\n"
+        )
+    )
+    classic = await evaluate(eval_node.evaluate, official_task.instance, patch)
+    pasted_row = dict(official_task.instance)
+    pasted_row["eval_script"] = build_eval_spec(official_task.instance).eval_script
+    pasted = await evaluate(eval_node.evaluate, pasted_row, patch)
+    assert pasted.status == classic.status
+    assert _tests(pasted.report) == _tests(classic.report)
+    assert pasted.report.test_exit_code == classic.report.test_exit_code
+    # Framed once: the pasted script's markers are the only ones in the log.
+    assert pasted.log_of("RUN_TESTS").count(b">>>>> Start Test Output") == 1
+
+
+def test_agent_shells_resolve_python_to_the_testbed_environment(official_task):
+    client = docker.from_env()
+    try:
+        out = client.containers.run(
+            official_task.image_name,
+            ["bash", "-c", "command -v python; python -c 'import romans; print(romans.__file__)'"],
+            network_disabled=True,
+            remove=True,
+        )
+    finally:
+        client.close()
+    assert out.decode().split() == [
+        "/opt/miniconda3/envs/testbed/bin/python",
+        "/testbed/romans/__init__.py",
+    ]
+
+
+def test_validate_runs_the_three_checks_on_the_classic_row(official_task, capsys):
+    root = official_task.directory.parent
+    assert main(["validate", "--tasks", str(root), "--no-build"]) == 0
+    out = capsys.readouterr().out
+    assert "unpatched tree as the task says 1/1" in out
+    assert "gold resolved 1/1" in out
+    assert "correctly not resolved 1/1" in out
+
+
+def test_an_image_at_an_unrelated_commit_fails_the_base_commit_check(
+    official_task, base_image, tmp_path
+):
+    task = write_official_task(tmp_path, base_commit="1" * 40, image_name=official_task.image_name)
+    with pytest.raises(TaskImageError) as info:
+        build_images([task], base_image=base_image, progress=lambda _line: None)
+    message = str(info.value)
+    assert "neither base_commit " + "1" * 40 in message and "\n" not in message
