@@ -15,7 +15,8 @@ the pool's NodeConnection Protocol (sandboxes are dict entries, so only the pool
 this process acquires 20,000 leases over gRPC and renews every one of them once a second over
 multiplexed KeepAlive streams, then holds that load for a steady window while probe leases are
 acquired and released. It prints acquire p50/p99 (target p99 <= 25 ms), the achieved renewal
-rate and the pool process's CPU.
+rate, the pool process's CPU, and its CPU per acquire (over the ramp, and net of the renewals
+acknowledged during the ramp, costed at the steady state's CPU per renewal).
 
 It reports; it does not assert. Every sandbox is released and every process stopped on the way
 out, Ctrl-C included.
@@ -398,6 +399,7 @@ async def scale_load(address: str, token: str, args: argparse.Namespace, pool_pi
     )
     started = time.perf_counter()
     pool_cpu0 = pool_proc.cpu_times()
+    ramp_renewed0 = renewed[0]
     batch = 1000
     for first in range(0, args.leases, batch):
         ids = await asyncio.gather(
@@ -408,6 +410,7 @@ async def scale_load(address: str, token: str, args: argparse.Namespace, pool_pi
     ramp_s = time.perf_counter() - started
     pool_cpu1 = pool_proc.cpu_times()
     ramp_cpu = (pool_cpu1.user + pool_cpu1.system - pool_cpu0.user - pool_cpu0.system) / ramp_s
+    ramp_renewals = renewed[0] - ramp_renewed0
     progress(f"ramp done in {ramp_s:.1f} s; steady state for {args.steady_s:g} s with probes")
 
     await asyncio.sleep(2.0)  # Let every stream complete a full round.
@@ -433,11 +436,22 @@ async def scale_load(address: str, token: str, args: argparse.Namespace, pool_pi
         task.cancel()
     for channel in channels:
         await channel.close()
+    # Pool CPU per acquire: the ramp's CPU over its acquires, and the same net of the renewals
+    # the pool acknowledged during the ramp (each costed at the steady state's CPU per renewal),
+    # which a slower ramp would otherwise add to every acquire.
+    ramp_cpu_s = ramp_cpu * ramp_s
+    per_renewal_s = pool_cores / steady_rate if steady_rate else 0.0
     return {
         "ramp": ramp,
         "steady": steady,
         "ramp_s": ramp_s,
         "ramp_pool_cores": ramp_cpu,
+        "ramp_renewals": ramp_renewals,
+        "pool_cpu_ms_per_acquire": 1000 * ramp_cpu_s / args.leases,
+        "pool_cpu_ms_per_acquire_net": 1000
+        * max(0.0, ramp_cpu_s - per_renewal_s * ramp_renewals)
+        / args.leases,
+        "pool_cpu_us_per_renewal": 1e6 * per_renewal_s,
         "renewals_per_s": steady_rate,
         "pool_cores": pool_cores,
         "client_cores": client_cores,
@@ -503,6 +517,13 @@ def part_scale(
         f" (wanted {args.leases}/s), pool CPU {out['pool_cores']:.2f} cores"
         f" ({out['pool_cores'] * 100:.0f}% of one core), pool RSS {out['pool_rss_mb']:.0f} MiB,"
         f" load generator {out['client_cores']:.2f} cores",
+        flush=True,
+    )
+    print(
+        f"  pool CPU per acquire: {out['pool_cpu_ms_per_acquire']:.2f} ms over the ramp,"
+        f" {out['pool_cpu_ms_per_acquire_net']:.2f} ms net of the"
+        f" {out['ramp_renewals']} renewals acknowledged meanwhile"
+        f" ({out['pool_cpu_us_per_renewal']:.1f} us each at steady state)",
         flush=True,
     )
     print(
