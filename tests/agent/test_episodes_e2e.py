@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -237,4 +238,45 @@ async def test_a_judge_that_raises_or_hangs_fails_only_its_own_turn() -> None:
     assert all(s.state == pb.STEP_SCORE_STATE_SCORED and s.score == 1.0 for s in others)
     # The failed turns take no part in the mean: every usable score is 1.
     assert abs(result.trajectory.reward - 1.5) < 1e-9
+    assert sandboxes_left() == []
+
+
+class _HangingJudge:
+    """Every judgment outlives the episode."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    async def judge(self, turn: TurnToJudge) -> StepScore:
+        self.started += 1
+        await asyncio.sleep(3600)
+        raise AssertionError("never reached")
+
+
+async def test_cancelling_an_episode_abandons_its_running_judgments() -> None:
+    task = bundled_tasks()[0]
+    judge = _HangingJudge()
+    replay = ReplayPolicyServer(scripts_for_tasks([task]))
+    url = await replay.start()
+    try:
+        async with agent_stack(judge_factory=lambda spec, episode_id: judge) as env:
+            start = start_for(task, url, "prm-cancelled")
+            start.prm.enabled, start.prm.coef, start.prm.endpoint = True, 0.5, "unused:1"
+            start.prm.timeout.seconds = 600
+            call = env.stub.RunEpisode(timeout=120)
+            await call.write(pb.RunEpisodeRequest(start=start))
+            messages = []
+            async for message in call:
+                messages.append(message)
+                if message.WhichOneof("kind") == "evaluation":
+                    # Graded: now the episode only waits for its judgments.
+                    sent = time.monotonic()
+                    await call.write(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="t")))
+            waited_s = time.monotonic() - sent
+    finally:
+        await replay.stop()
+    result = result_of(messages)
+    assert result.status == pb.EPISODE_STATUS_CANCELLED and not result.HasField("reward")
+    assert judge.started == 4 and waited_s < 5
+    assert not any(m.WhichOneof("kind") == "prm_score" for m in messages)
     assert sandboxes_left() == []

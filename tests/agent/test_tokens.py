@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import random
+from array import array
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swerl.agent.context import ContextPolicy, ContextWindow
+from swerl.agent.modes import TokenMode
+from swerl.agent.policy import Generation, PolicyUnavailable
 from swerl.agent.runner import EpisodeRunner
 from swerl.agent.settings import AgentSettings
-from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
+from swerl.agent.tokens import ChatCodec, RoutedExperts, TokenRecordData, Trajectory
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 
@@ -132,3 +135,101 @@ def test_tokenizer_workers_give_the_cpu_to_the_event_loop_at_once() -> None:
         runner.executor.shutdown()
         runner.tokenizer_pool.shutdown()
     assert niceness == 10 and policy == os.SCHED_OTHER
+
+
+def _experts(tokens: list[int]) -> bytes:
+    """Four made-up expert ids per token, as little-endian int32."""
+    values = array("i", (t * 4 + k for t in tokens for k in range(4)))
+    return values.tobytes()
+
+
+def test_the_whole_record_carries_the_last_calls_experts_only_when_it_saw_the_whole_record():
+    trajectory = Trajectory([1, 2, 3])
+    trajectory.add_turn(
+        [1, 2, 3], [4, 5], [-0.1, -0.2], "", experts=RoutedExperts(_experts([1, 2, 3, 4]), 4)
+    )
+    trajectory.set_delta([6, 7])
+    sent = [1, 2, 3, 4, 5, 6, 7]
+    trajectory.add_turn(sent, [8], [-0.3], "", experts=RoutedExperts(_experts(sent), 4))
+    whole = trajectory.whole_record()
+    whole.check()
+    assert whole.routed_experts == _experts(sent) and whole.experts_per_token == 4
+    first, second = trajectory.turn_records
+    assert first.routed_experts == _experts([1, 2, 3, 4])
+    assert second.routed_experts == _experts(sent)
+
+    # A trimmed context: the last call saw less than the whole record, which then has none.
+    trimmed = Trajectory([1, 2, 3])
+    trimmed.add_turn([1, 2, 3], [4, 5], [-0.1, -0.2], "")
+    trimmed.set_delta([6, 7])
+    short = [1, 2, 3, 9, 6, 7]
+    trimmed.add_turn(short, [8], [-0.3], "", experts=RoutedExperts(_experts(short), 4))
+    assert trimmed.whole_record().routed_experts == b""
+    assert trimmed.turn_records[1].routed_experts == _experts(short)
+
+
+def test_top_p_sets_of_the_whole_record_leave_observation_tokens_empty():
+    trajectory = Trajectory([1, 2])
+    trajectory.add_turn([1, 2], [3, 4], [-0.1, -0.2], "", top_p=([3, 30, 4], [0, 2, 3]))
+    trajectory.set_delta([5, 6, 7])
+    trajectory.add_turn([1, 2, 3, 4, 5, 6, 7], [8], [-0.3], "", top_p=([8, 80], [0, 2]))
+    trajectory.set_delta([9])
+    whole = trajectory.whole_record()
+    whole.check()
+    assert whole.response_ids == [3, 4, 5, 6, 7, 8]
+    assert whole.top_p_token_ids == [3, 30, 4, 8, 80]
+    assert whole.top_p_token_offsets == [0, 2, 3, 3, 3, 3, 5]
+    assert [r.top_p_token_offsets for r in trajectory.turn_records] == [[0, 2, 3], [0, 2]]
+
+
+class _ExpertsPolicy:
+    """A TokenPolicy answering two tokens per turn with made-up experts: all rows on the first
+    call, from `start` on (SGLang's routed_experts_start_len) on later ones; start None means
+    one token past what the previous call covered."""
+
+    def __init__(self, start: int | None) -> None:
+        self.start = start
+        self.calls = 0
+        self.previous_len = 0
+
+    async def generate(self, input_ids, max_new_tokens: int) -> Generation:
+        start = 0
+        if self.calls:
+            start = self.previous_len if self.start is None else self.start
+        self.calls += 1
+        self.previous_len = len(input_ids) + 2
+        output = [100 + self.calls, 200 + self.calls]
+        sequence = [*input_ids, *output][:-1]
+        rows = array("i")
+        rows.frombytes(_experts(sequence[start:]))
+        return Generation(
+            output, [-0.5, -0.5], "stop", routed_experts=rows, routed_experts_start_len=start
+        )
+
+
+async def _two_turns(codec: ChatCodec, start: int | None) -> TokenMode:
+    mode = TokenMode(
+        _ExpertsPolicy(start),
+        codec,
+        max_context_tokens=100_000,
+        max_new_tokens=64,
+        omission_text=lambda n: f"[{n} omitted]",
+    )
+    await mode.open("system", "user")
+    await mode.respond([])
+    await mode.observe("an observation")
+    await mode.respond([])
+    return mode
+
+
+async def test_experts_sent_from_a_later_token_are_completed_from_the_previous_call(codec):
+    mode = await _two_turns(codec, start=5)
+    whole = mode.whole_record()
+    whole.check()
+    assert whole.routed_experts == _experts([*whole.prompt_ids, *whole.response_ids][:-1])
+
+
+async def test_experts_sent_from_a_token_no_earlier_call_covers_are_a_bad_reply(codec):
+    with pytest.raises(PolicyUnavailable) as caught:
+        await _two_turns(codec, start=None)
+    assert caught.value.reason == "POLICY_BAD_REPLY"
