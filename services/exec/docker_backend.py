@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
-from swerl.exec.errors import DockerUnavailable, ImageNotPresent
+from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageReference
 
 T = TypeVar("T")
 
@@ -90,10 +90,15 @@ class DockerBackend:
     async def image_present(self, image: str) -> bool:
         try:
             await self._call(self._api.inspect_image, image)
-        except docker.errors.ImageNotFound:
-            return False
-        except docker.errors.NotFound:
-            return False
+        except docker.errors.APIError as exc:
+            # Docker's own grammar is the last word: a reference it refuses is the caller's.
+            if "invalid reference format" in str(exc):
+                raise InvalidImageReference(
+                    f"malformed image reference {image!r}", image=image
+                ) from None
+            if isinstance(exc, docker.errors.NotFound):
+                return False
+            raise
         return True
 
     async def list_images(self) -> list[dict[str, Any]]:

@@ -43,6 +43,12 @@ class InvalidCommand(InvalidArgument):
     reason = "INVALID_COMMAND"
 
 
+class CwdNotFound(FailedPrecondition):
+    """A command's cwd is not a directory it can enter in the sandbox."""
+
+    reason = "CWD_NOT_FOUND"
+
+
 class StdinNotOpen(FailedPrecondition):
     reason = "STDIN_NOT_OPEN"
 

@@ -6,7 +6,7 @@ FIFOs in that directory, fed `supervisor.sh`. Each command is one line of bash w
 its output comes back on the FIFOs directly (dockerd is not on the data path), framed on stdout by
 NUL-delimited markers carrying a per-supervisor token. A round trip costs about a millisecond
 instead of the ~60 ms of a `docker exec`. The protocol, with the state tables of both sides, is
-docs/shell-protocol.md (rows N1-N14 there are this module's side).
+docs/shell-protocol.md (rows N1-N15 there are this module's side).
 
 `SandboxShell` owns the supervisor of one sandbox and the shell's turn: one command at a time,
 callers queued in arrival order. A `CommandRun` is one command: the FIFO readers feed it from
@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 
 from swerl.exec.docker_backend import DockerBackend
-from swerl.exec.errors import InvalidCommand, SandboxNotRunning, ShellUnavailable
+from swerl.exec.errors import CwdNotFound, InvalidCommand, SandboxNotRunning, ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT, OutputCap
 
 log = structlog.get_logger(__name__)
@@ -642,7 +642,7 @@ class CommandRun:
     that sees the command's end marker, so the next command can start without another trip
     through the event loop. A caller that goes away calls `abandon()`: the command's process
     group is killed, and the turn stays held until the supervisor reports (or is replaced), so
-    the next command always finds it in step (docs/shell-protocol.md, N1-N14 and "the turn").
+    the next command always finds it in step (docs/shell-protocol.md, N1-N15 and "the turn").
     """
 
     def __init__(self, shell: SandboxShell, spec: CommandSpec) -> None:
@@ -659,6 +659,7 @@ class CommandRun:
         self._signaled = False
         self._timed_out = False
         self._backstop_fired = False
+        self._cwd_missing = False
         self._backstop: asyncio.TimerHandle | None = None
         self._exit_code: int | None = None
         self._cap = OutputCap(max(spec.max_output_bytes, 2))
@@ -827,6 +828,8 @@ class CommandRun:
             self._finish(self._exit_code)
         elif payload == b"T":
             self._timed_out = True
+        elif payload == b"D":
+            self._cwd_missing = True
         elif kind == b"S:":
             self._put(Started(int(payload[2:])))
 
@@ -861,6 +864,16 @@ class CommandRun:
             return
         for out_stream, chunk in self._cap.finish():
             self._put(Output(out_stream, chunk))
+        if self._cwd_missing:
+            # The command never ran: the call fails with the reason, not an exit status.
+            self._put(
+                CwdNotFound(
+                    f"cwd {self.spec.cwd!r} is not a directory the command can enter",
+                    cwd=self.spec.cwd,
+                )
+            )
+            self._release()
+            return
         self._put(
             Exit(
                 exit_code=exit_code,

@@ -114,7 +114,11 @@ __swerl_command() {
   if [ "$__m" = s ]; then
     [ -f "$__swerl_session" ] && builtin source "$__swerl_session" >/dev/null 2>&1
   fi
-  if [ -n "$__cwd" ]; then builtin cd -- "$__cwd" || exit 1; fi
+  # A cwd it cannot enter is the caller's error, told by D (not by bash's message).
+  if [ -n "$__cwd" ] && ! builtin cd -- "$__cwd" 2>/dev/null; then
+    printf '\0SWERL:%s:D\0' "$__swerl_token"
+    exit 1
+  fi
   eval "$__envs"
   unset __n __t __m __no __end __cwd __in __envs __swerl_token
   eval "$__cmd"

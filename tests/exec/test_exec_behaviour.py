@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from exec_testkit import ExecStream
+import grpc
+import pytest
+from exec_testkit import ExecStream, assert_status, rpc_error
 
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
@@ -81,11 +83,22 @@ async def test_per_command_env_and_cwd_apply_to_that_command_only(node, sandbox)
     assert after.stdout == b"/tmp\nunset\n"
 
 
-async def test_missing_cwd_fails_the_command_not_the_call(node, sandbox):
-    # docs/shell-protocol.md: C4 (a failed cd exits 1)
-    result = await node.client.run(sandbox.sandbox_id, "echo never", cwd="/does/not/exist")
-    assert result.exit_code != 0
-    assert result.stdout == b""
+@pytest.mark.parametrize("session", [False, True], ids=["isolated", "session"])
+async def test_missing_cwd_fails_the_call_with_a_reason_and_the_sandbox_keeps_working(
+    node, sandbox, session
+):
+    # docs/shell-protocol.md: C4 (D for a cwd it cannot enter), N15
+    for cwd in ("/does/not/exist", "/etc/hostname"):  # absent, and a file
+        err = await rpc_error(
+            node.client.run(sandbox.sandbox_id, "echo never", cwd=cwd, session=session)
+        )
+        metadata = assert_status(err, grpc.StatusCode.FAILED_PRECONDITION, "CWD_NOT_FOUND")
+        assert metadata["cwd"] == cwd
+        # The reason speaks of the caller's cwd, not of the node's shell machinery.
+        assert cwd in err.details()
+        assert "line" not in err.details() and "swerl" not in err.details()
+    after = await node.client.run(sandbox.sandbox_id, "echo ok; pwd", session=session)
+    assert (after.exit_code, after.stdout) == (0, b"ok\n/tmp\n")
 
 
 async def test_sandbox_env_reaches_every_command(node, base_image):

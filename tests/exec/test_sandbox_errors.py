@@ -14,12 +14,20 @@ from exec_testkit import (
     node_container_names,
     rpc_error,
 )
+from google.protobuf.duration_pb2 import Duration
 
 from swerl.chassis.client import make_channel
 from swerl.exec.client import SandboxClient, duration, exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
 
 UNKNOWN = "sbx-00000000000000000000"
+
+
+def pb_duration(seconds: float) -> Duration:
+    """A Duration that may be negative (the client's helper only makes valid ones)."""
+    whole = int(seconds)
+    return Duration(seconds=whole, nanos=round((seconds - whole) * 1e9))
+
 
 UNKNOWN_SANDBOX_CALLS = {
     "GetSandbox": lambda node: node.stub.GetSandbox(
@@ -60,7 +68,21 @@ async def test_absent_image_is_failed_precondition_and_creates_no_container(node
 
 
 @pytest.mark.parametrize(
-    "image", ["UPPER/Case::x", "", "a b", "name:", "-leading/dash", "repo@sha256:tooshort"]
+    "image",
+    [
+        "UPPER/Case::x",
+        "",
+        "a b",
+        "name:",
+        "-leading/dash",
+        "repo@sha256:tooshort",
+        # Docker reads an upper-case first component without a dot or port as a repository
+        # path, not a registry, and refuses it; a name over 255 characters is refused too.
+        "MyRepo/image",
+        "MyRepo/image:tag",
+        "a/" + "b" * 300,
+        "registry.example.com:5000/" + "x" * 250 + ":tag",
+    ],
 )
 async def test_malformed_image_reference_is_invalid_argument(node, image):
     err = await rpc_error(node.create(image))
@@ -85,6 +107,28 @@ async def test_exec_without_any_message_needs_a_start_message(node):
 async def test_empty_or_blank_command_is_rejected(node, sandbox, command):
     err = await rpc_error(node.client.run(sandbox.sandbox_id, command))
     assert_status(err, grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_COMMAND")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"timeout": pb_duration(-1)},
+        {"timeout": pb_duration(-0.5)},
+        {"max_output_bytes": -1},
+    ],
+    ids=["timeout", "sub-second-timeout", "max-output-bytes"],
+)
+async def test_negative_timeout_or_output_cap_is_rejected_on_both_exec_calls(node, sandbox, fields):
+    start = pb.ExecStart(sandbox_id=sandbox.sandbox_id, command="echo never", **fields)
+    call = node.stub.Exec(iter([pb.ExecRequest(start=start)]), timeout=RPC_TIMEOUT_S)
+    err = await rpc_error(call.read())
+    assert_status(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_COMMAND")
+    assert "negative" in err.details()
+    many = node.stub.ExecCommands(
+        iter([pb.ExecCommandsRequest(start=start)]), timeout=RPC_TIMEOUT_S
+    )
+    err = await rpc_error(many.read())
+    assert_status(err, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_COMMAND")
 
 
 async def test_command_with_a_nul_byte_is_rejected_and_the_sandbox_keeps_working(node, sandbox):
