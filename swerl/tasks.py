@@ -326,7 +326,8 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
         raise TaskImageError(
             f"{task.image_name}: `git rev-parse HEAD` failed in /testbed: {stderr}"
         ) from exc
-    head, parent, *_ = [*output.decode().split(), "", ""]
+    commits: list[str] = bytes(output).decode().split()
+    head, parent = [*commits, "", ""][:2]
     if task.base_commit not in (head, parent):
         raise TaskImageError(
             f"{task.image_name}: /testbed is at {head or '(no commit)'}, which is neither "

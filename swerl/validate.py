@@ -104,6 +104,10 @@ def _judge(task: TaskInstance, kind: str, report: pb.EvaluationReport) -> tuple[
         detail = report.error_reason
     if status == "INFRA_ERROR":
         detail = f"{report.error_reason}: {report.error_message[:120]}"
+    if report.warnings and not ok:
+        # A task that needs network, graded offline, reads differently from a broken one.
+        flagged = "; ".join(f"{w.reason}: {w.message[:120]}" for w in report.warnings)
+        detail = f"{detail} [{flagged}]".strip()
     return ok, detail
 
 

@@ -62,7 +62,7 @@ _NETWORK_FAILURES = re.compile(
 )
 # pip's own failure line, or no pip (or python) to run at all.
 _INSTALL_FAILURE = re.compile(
-    rb"^(?:ERROR: .*|.*No module named pip.*|.*command not found.*)$", re.MULTILINE
+    rb"^(?:[ \t]*ERROR: .*|.*No module named pip.*|.*command not found.*)$", re.MULTILINE
 )
 _INSTALL_TRACE = re.compile(rb"^\+ (?:python[0-9.]* -m )?pip[0-9.]* install .*$", re.MULTILINE)
 # Synthetic swebench repo keys for instances that name their own log parser, so a dataset's
@@ -112,6 +112,14 @@ class LogEvent:
     data: bytes
 
 
+@dataclass(frozen=True)
+class EvalWarning:
+    """Something the log shows went wrong that the verdict does not account for."""
+
+    reason: str  # INSTALL_STEP_FAILED | NETWORK_STEP_FAILED
+    message: str
+
+
 @dataclass
 class Report:
     instance_id: str
@@ -133,8 +141,7 @@ class Report:
     failed_phase: str = ""
     # "none" or "bridge": the network the evaluation's commands had.
     network: str = "none"
-    # (reason, detail) pairs: what the log shows went wrong without changing the verdict.
-    warnings: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[EvalWarning] = field(default_factory=list)
 
 
 Event = PhaseEvent | LogEvent | Report
@@ -618,7 +625,7 @@ def _test_exit_code(test_log: bytes, script_exit_code: int) -> int:
     return int(codes[-1]) if codes else script_exit_code
 
 
-def log_warnings(test_log: bytes, network: str) -> list[tuple[str, str]]:
+def log_warnings(test_log: bytes, network: str) -> list[EvalWarning]:
     """What the log shows failed without deciding the verdict: an install step, a network step.
 
     An install step failed when a `pip install` the script traced (`set -x`) is followed, before
@@ -626,7 +633,7 @@ def log_warnings(test_log: bytes, network: str) -> list[tuple[str, str]]:
     step failed when any line shows a connection or name-resolution failure, or pip finding no
     distribution.
     """
-    warnings: list[tuple[str, str]] = []
+    warnings: list[EvalWarning] = []
     for match in _INSTALL_TRACE.finditer(test_log):
         after = test_log[match.end() :]
         next_trace = re.search(rb"^\+ ", after, re.MULTILINE)
@@ -634,17 +641,17 @@ def log_warnings(test_log: bytes, network: str) -> list[tuple[str, str]]:
         error = _INSTALL_FAILURE.search(section)
         if error:
             step = match.group().decode(errors="replace")[2:]
-            detail = error.group().decode(errors="replace")
-            warnings.append(("INSTALL_STEP_FAILED", f"`{step}` failed: {detail}"[:500]))
+            detail = error.group().decode(errors="replace").strip()
+            message = f"`{step}` failed: {detail}"[:500]
+            warnings.append(EvalWarning(reason="INSTALL_STEP_FAILED", message=message))
     failure = _NETWORK_FAILURES.search(test_log)
     if failure:
         start = test_log.rfind(b"\n", 0, failure.start()) + 1
         end = test_log.find(b"\n", failure.end())
         line = test_log[start : end if end >= 0 else None].decode(errors="replace").strip()
         where = "without network" if network == "none" else f"with network {network!r}"
-        warnings.append(
-            ("NETWORK_STEP_FAILED", f"a step needed the network ({where}): {line}"[:500])
-        )
+        message = f"a step needed the network ({where}): {line}"[:500]
+        warnings.append(EvalWarning(reason="NETWORK_STEP_FAILED", message=message))
     return warnings
 
 

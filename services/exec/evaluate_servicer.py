@@ -59,7 +59,9 @@ def report_to_pb(report: Report) -> pb.EvaluationReport:
             else pb.EVALUATION_PHASE_UNSPECIFIED
         ),
         network=NETWORK_TO_PB[report.network],
-        warnings=[pb.EvaluationWarning(reason=r, message=m) for r, m in report.warnings],
+        warnings=[
+            pb.EvaluationWarning(reason=w.reason, message=w.message) for w in report.warnings
+        ],
     )
 
 
