@@ -110,7 +110,7 @@ def default_tasks_dir() -> Path:
     override = os.environ.get(TASKS_DIR_ENV, "").strip()
     if override:
         return Path(override).expanduser()
-    # The package `swerl` is the directory services/; examples/ sits beside it.
+    # The package `swerl` is the directory swerl/ of the checkout; examples/ sits beside it.
     return Path(__file__).resolve().parent.parent / "examples" / "tasks"
 
 

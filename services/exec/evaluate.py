@@ -141,6 +141,8 @@ class Report:
     failed_phase: str = ""
     # "none" or "bridge": the network the evaluation's commands had.
     network: str = "none"
+    # The package index the install steps were pointed at ("" for pip's own default).
+    package_index: str = ""
     warnings: list[EvalWarning] = field(default_factory=list)
 
 
@@ -322,6 +324,7 @@ class Evaluator:
     def __init__(self, manager: SandboxManager) -> None:
         self._m = manager
         self._network = "bridge" if manager.settings.evaluation_network else "none"
+        self._package_index = manager.settings.evaluation_package_index
 
     @property
     def manager(self) -> SandboxManager:
@@ -342,6 +345,7 @@ class Evaluator:
         report = Report(instance_id=str(instance["instance_id"]))
         own_sandbox = not sandbox_id
         report.network = self._network
+        report.package_index = self._package_index
         work: Path | None = None
         # Bad requests fail before the first message (the contract): check the sandbox or the
         # image reference up front, before PREPARE is announced.
@@ -554,6 +558,8 @@ class Evaluator:
             yield PhaseEvent("RUN_TESTS", time.time())
             (work / "eval.sh").write_text(_recording_exit_code(spec))
             offline = _OFFLINE_ENV if report.network == "none" else ""
+            if self._package_index:
+                offline += f"export PIP_INDEX_URL={_shell_words([self._package_index])}\n"
             if spec.prints_markers:
                 # The script prints the markers (swebench's eval.sh, or a copy of it): a second
                 # pair around it would frame its setup steps as test output.

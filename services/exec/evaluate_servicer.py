@@ -59,6 +59,7 @@ def report_to_pb(report: Report) -> pb.EvaluationReport:
             else pb.EVALUATION_PHASE_UNSPECIFIED
         ),
         network=NETWORK_TO_PB[report.network],
+        package_index=report.package_index,
         warnings=[
             pb.EvaluationWarning(reason=w.reason, message=w.message) for w in report.warnings
         ],

@@ -34,6 +34,11 @@ class ExecSettings(ServiceSettings):
         description="give Evaluate's own sandboxes the bridge network (never agent sandboxes), "
         "for tasks whose install step or tests need egress",
     )
+    evaluation_package_index: str = Field(
+        "",
+        description="a package index URL (a mirror this node serves or names) that Evaluate's "
+        "install steps use instead of PyPI, e.g. for offline evaluation",
+    )
     cap_add: list[str] = Field(
         default_factory=lambda: [
             "CHOWN",

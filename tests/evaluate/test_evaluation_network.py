@@ -27,8 +27,7 @@ INTERFACES_THEN_TESTS = (
 )
 
 
-@pytest.fixture
-async def networked_node(tmp_path, task_images):
+async def _node(tmp_path, **settings_changes):
     settings = ExecSettings(
         host="127.0.0.1",
         port=0,
@@ -38,16 +37,34 @@ async def networked_node(tmp_path, task_images):
         default_memory_bytes=512 << 20,
         default_pids=256,
         drain_grace_s=1.0,
-        evaluation_network=True,
+        **settings_changes,
     )
     node = ExecNode(settings)
     await node.start()
-    running = EvalNode(node)
+    return EvalNode(node)
+
+
+@pytest.fixture
+async def networked_node(tmp_path, task_images):
+    running = await _node(tmp_path, evaluation_network=True)
     try:
         yield running
     finally:
         await running.channel.close()
-        await node.stop(0)
+        await running.node.stop(0)
+
+
+MIRROR = "http://127.0.0.1:9/simple"
+
+
+@pytest.fixture
+async def mirrored_node(tmp_path, task_images):
+    running = await _node(tmp_path, evaluation_package_index=MIRROR)
+    try:
+        yield running
+    finally:
+        await running.channel.close()
+        await running.node.stop(0)
 
 
 def _interfaces(log: bytes) -> list[str]:
@@ -85,6 +102,28 @@ async def test_the_evaluation_network_setting_gives_agent_sandboxes_no_network(n
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await networked_node.sandboxes.CreateSandbox(request, timeout=60)
     assert_status(info.value, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SANDBOX_SPEC")
+
+
+PIP_ENV = "echo pip-env: ${PIP_INDEX_URL:-default} ${PIP_RETRIES:-unset}\n"
+
+
+def _pip_env(log: bytes) -> list[str]:
+    line = next(x for x in log.decode().splitlines() if x.startswith("pip-env:"))
+    return line.split()[1:]
+
+
+@pytest.mark.docker
+async def test_offline_pip_does_not_retry_and_a_named_mirror_is_used_and_reported(
+    eval_node, mirrored_node
+):
+    instance = task_instance(ROMANS, eval_script=PIP_ENV + TASKS[ROMANS].eval_script)
+    plain = await evaluate(eval_node.evaluate, instance, TASKS[ROMANS].gold_patch)
+    assert _pip_env(plain.log_of("RUN_TESTS")) == ["default", "0"]
+    assert plain.report.package_index == ""
+    mirrored = await evaluate(mirrored_node.evaluate, instance, TASKS[ROMANS].gold_patch)
+    assert _pip_env(mirrored.log_of("RUN_TESTS")) == [MIRROR, "0"]
+    assert mirrored.report.package_index == MIRROR
+    assert mirrored.status == "RESOLVED_FULL"
 
 
 # Lines as pip and urllib print them when the sandbox has no network.
