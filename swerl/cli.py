@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except ValidationError as exc:
-        print(f"swerl: invalid settings:\n{exc}", file=sys.stderr)
+        # One line per problem, without pydantic's documentation links.
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(part) for part in error["loc"]) or exc.title
+            print(f"swerl: invalid setting {where}: {error['msg']}", file=sys.stderr)
         return 2
     except (TaskFormatError, TaskImageError) as exc:
         # A bad task row or image is the user's input: one message, no traceback.
