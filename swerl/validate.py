@@ -29,7 +29,12 @@ from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.sweinstance import instance_to_pb
 from swerl.tasks import TaskInstance
 
-_STATUS = {v: k.removeprefix("EVALUATION_STATUS_") for k, v in pb.EvaluationStatus.items()}
+RESOLVED = (pb.EVALUATION_STATUS_RESOLVED_FULL, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)
+
+
+def _status_name(status: pb.EvaluationStatus) -> str:
+    """For the table only; verdicts compare the enum values themselves."""
+    return pb.EvaluationStatus.Name(status).removeprefix("EVALUATION_STATUS_")
 
 
 @dataclass(frozen=True)
@@ -75,34 +80,39 @@ async def evaluate_once(
 
 
 def _judge(task: TaskInstance, kind: str, report: pb.EvaluationReport) -> tuple[bool, str]:
-    status = _STATUS[report.status]
+    status = report.status
     failed = list(report.fail_to_pass.failure) + list(report.pass_to_pass.failure)
     if kind == "unpatched":
         passing = list(report.fail_to_pass.success)
         failing = list(report.pass_to_pass.failure)
-        ok = status in ("UNRESOLVED", "RESOLVED_PARTIAL") and not passing and not failing
+        ok = (
+            status in (pb.EVALUATION_STATUS_UNRESOLVED, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)
+            and not report.error_reason  # graded: the log had test results
+            and not passing
+            and not failing
+        )
         parts = []
         if passing:
             parts.append(f"FAIL_TO_PASS passing unpatched: {', '.join(passing[:4])}")
         if failing:
             parts.append(f"PASS_TO_PASS failing unpatched: {', '.join(failing[:4])}")
-        if status == "RESOLVED_FULL":
+        if status == pb.EVALUATION_STATUS_RESOLVED_FULL:
             parts.append("resolved without a fix")
         if not ok and not parts:
-            parts.append(report.error_reason or status)
+            parts.append(report.error_reason or _status_name(status))
         detail = "; ".join(parts) if not ok else ""
     elif kind == "gold":
-        ok = status == "RESOLVED_FULL"
+        ok = status == pb.EVALUATION_STATUS_RESOLVED_FULL
         detail = "" if ok else (report.error_reason or f"failing: {', '.join(failed[:4])}")
     elif kind == "wrong":
         broken = set(report.pass_to_pass.failure)
         expected = set(task.wrong_patch_breaks)
-        ok = status not in ("RESOLVED_FULL", "RESOLVED_PARTIAL") and expected <= broken
+        ok = status not in RESOLVED and expected <= broken
         detail = f"breaks {', '.join(sorted(broken)) or 'nothing'}"
     else:
-        ok = status not in ("RESOLVED_FULL", "RESOLVED_PARTIAL", "INFRA_ERROR")
+        ok = status not in (*RESOLVED, pb.EVALUATION_STATUS_INFRA_ERROR)
         detail = report.error_reason
-    if status == "INFRA_ERROR":
+    if status == pb.EVALUATION_STATUS_INFRA_ERROR:
         detail = f"{report.error_reason}: {report.error_message[:120]}"
     if report.warnings and not ok:
         # A task that needs network, graded offline, reads differently from a broken one.
@@ -135,7 +145,7 @@ async def validate(
             started = time.monotonic()
             try:
                 report = await evaluate_once(stub, dict(task.instance), patch, timeout_s)
-                status = _STATUS[report.status]
+                status = _status_name(report.status)
                 ok, detail = _judge(task, kind, report)
             except grpc.aio.AioRpcError as exc:
                 status, ok, detail = exc.code().name, False, exc.details() or ""

@@ -11,12 +11,10 @@ from pathlib import Path
 
 import docker
 import pytest
-from evaluate_testkit import BUNDLED_TASKS, TOKEN
+from evaluate_testkit import BUNDLED_TASKS, TOKEN, EvalNode
 
-from swerl.chassis.client import make_channel
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
-from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2_grpc
 from swerl.tasks import build_images
 
 # exec_testkit (status assertions shared with the exec node's tests) lives in tests/exec, which
@@ -31,18 +29,6 @@ def task_images(base_image) -> dict[str, str]:
     """Builds (or finds) every bundled task's image once; maps instance id to image name."""
     build_images(BUNDLED_TASKS, base_image=base_image, progress=lambda _line: None)
     return {task.instance_id: task.image_name for task in BUNDLED_TASKS}
-
-
-class EvalNode:
-    """A running exec node and stubs for both of its services on one authenticated channel."""
-
-    def __init__(self, node: ExecNode) -> None:
-        self.node = node
-        self.manager = node.manager
-        self.address = f"127.0.0.1:{node.port}"
-        self.channel = make_channel(self.address, token=TOKEN)
-        self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
-        self.sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self.channel)
 
 
 def _containers_of(node_id: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""Shared pieces of the EvaluateService tests: the bundled tasks, instance dicts as protos, and
-one Evaluate call read to its end.
+"""Shared pieces of the EvaluateService tests: the bundled tasks, instance dicts as protos,
+one Evaluate call read to its end, and a running node with its stubs (EvalNode).
 
 A plain module (not conftest) so tests import its helpers by name.
 """
@@ -13,8 +13,10 @@ from typing import Any
 
 import grpc
 
+from swerl.chassis.client import make_channel
+from swerl.exec.server import ExecNode
 from swerl.exec.v1 import evaluate_pb2 as pb
-from swerl.exec.v1 import evaluate_pb2_grpc
+from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2_grpc
 from swerl.tasks import load_tasks
 from swerl.validate import instance_to_pb
 
@@ -128,3 +130,15 @@ async def evaluate_failure(
     except grpc.aio.AioRpcError as err:
         return err, streamed
     raise AssertionError(f"Evaluate succeeded, expected an error; streamed {streamed}")
+
+
+class EvalNode:
+    """A running exec node and stubs for both of its services on one authenticated channel."""
+
+    def __init__(self, node: ExecNode) -> None:
+        self.node = node
+        self.manager = node.manager
+        self.address = f"127.0.0.1:{node.port}"
+        self.channel = make_channel(self.address, token=TOKEN)
+        self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
+        self.sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self.channel)

@@ -7,12 +7,13 @@ No test here sends traffic anywhere: the sandboxes only list their network inter
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from conftest import EvalNode
-from evaluate_testkit import TASKS, TOKEN, evaluate, task_instance
+from evaluate_testkit import TASKS, TOKEN, EvalNode, evaluate, task_instance
 from exec_testkit import assert_status
 
 from swerl.exec.evaluate import log_warnings
@@ -27,7 +28,9 @@ INTERFACES_THEN_TESTS = (
 )
 
 
-async def _node(tmp_path, **settings_changes):
+@contextlib.asynccontextmanager
+async def _node(tmp_path, **settings_changes) -> AsyncIterator[EvalNode]:
+    """A running node whose settings differ from the tests' defaults by `settings_changes`."""
     settings = ExecSettings(
         host="127.0.0.1",
         port=0,
@@ -41,30 +44,27 @@ async def _node(tmp_path, **settings_changes):
     )
     node = ExecNode(settings)
     await node.start()
-    return EvalNode(node)
-
-
-@pytest.fixture
-async def networked_node(tmp_path, task_images):
-    running = await _node(tmp_path, evaluation_network=True)
+    running = EvalNode(node)
     try:
         yield running
     finally:
         await running.channel.close()
-        await running.node.stop(0)
+        await node.stop(0)
 
 
 MIRROR = "http://127.0.0.1:9/simple"
 
 
 @pytest.fixture
-async def mirrored_node(tmp_path, task_images):
-    running = await _node(tmp_path, evaluation_package_index=MIRROR)
-    try:
+async def networked_node(tmp_path, task_images):
+    async with _node(tmp_path, evaluation_network=True) as running:
         yield running
-    finally:
-        await running.channel.close()
-        await running.node.stop(0)
+
+
+@pytest.fixture
+async def mirrored_node(tmp_path, task_images):
+    async with _node(tmp_path, evaluation_package_index=MIRROR) as running:
+        yield running
 
 
 def _interfaces(log: bytes) -> list[str]:

@@ -71,3 +71,16 @@ def test_validate_refuses_a_malformed_row_in_one_line_without_a_traceback(tmp_pa
         assert err.startswith("swerl: ") and "Traceback" not in err
         assert "FAIL_TO_PASS" in err and str(instance_file) in err
         assert err.count("\n") == 1
+
+
+def test_an_unpatched_run_without_test_results_does_not_pass_the_unpatched_check():
+    from swerl.exec.v1 import evaluate_pb2 as pb
+    from swerl.tasks import load_tasks
+    from swerl.validate import _judge
+
+    (task,) = [t for t in load_tasks(default_tasks_dir()) if t.instance_id == TASK]
+    report = pb.EvaluationReport(
+        status=pb.EVALUATION_STATUS_UNRESOLVED, error_reason="NO_TEST_RESULTS"
+    )
+    ok, detail = _judge(task, "unpatched", report)
+    assert not ok and detail == "NO_TEST_RESULTS"
