@@ -85,7 +85,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 # Packages that add subcommands through a `register(subparsers)` function in their `cli` module.
-_REGISTERED: tuple[str, ...] = ("pool", "data", "images", "prm", "agent", "evaluation")
+_REGISTERED: tuple[str, ...] = ("pool", "data", "images", "prm", "agent", "evaluation", "web")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,163 @@
+"""Fixtures of the browser tests: real runs produced by real episodes (replay policy with the real
+Qwen3 tokenizer, pool + exec node + agent on the real dockerd), Debian's chromium driven through
+selenium and its chromedriver, and a folder for the screenshots the tests save."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.agent.server import local_agent
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.agent.v1 import agent_pb2_grpc
+from swerl.chassis.client import make_channel
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.chassis.timeconv import duration_pb
+from swerl.pool.server import local_stack
+from swerl.tasks import TaskInstance, build_images, default_tasks_dir, load_tasks
+from swerl.validate import instance_to_pb
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
+# The tasks that get a wrong patch (reward -1) in the generated run; all get a gold one.
+WRONG = 2
+
+
+def start_message(
+    task: TaskInstance, url: str, episode_id: str, artifact_dir: str, *, dynamic: bool = False
+) -> pb.EpisodeStart:
+    start = pb.EpisodeStart(
+        episode_id=episode_id,
+        instance=instance_to_pb(task.instance),
+        policy=pb.PolicyConfig(
+            endpoint=url,
+            api=pb.POLICY_API_SGLANG_GENERATE,
+            model="replay",
+            tokenizer_path=TOKENIZER_DIR,
+        ),
+        limits=pb.EpisodeLimits(
+            max_turns=8,
+            max_new_tokens=2048,
+            command_timeout=duration_pb(60),
+            eval_timeout=duration_pb(300),
+        ),
+        options=pb.EpisodeOptions(
+            dynamic_history=dynamic, artifact_dir=artifact_dir, owner="web-test"
+        ),
+    )
+    start.policy.sampling_params.update({"temperature": 1.0, "top_p": 1.0})
+    return start
+
+
+async def run_episode(stub, start: pb.EpisodeStart) -> pb.EpisodeResult:
+    result = None
+    async for message in stub.RunEpisode(iter([pb.RunEpisodeRequest(start=start)]), timeout=900):
+        if message.WhichOneof("kind") == "result":
+            result = message.result
+    assert result is not None
+    return result
+
+
+async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
+    tasks = load_tasks(default_tasks_dir())
+    gold = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
+    wrong = ReplayPolicyServer(scripts_for_tasks(tasks[:WRONG], "wrong"))
+    gold_url, wrong_url = await gold.start(), await wrong.start()
+    try:
+        async with local_stack(nodes=1, max_sandboxes=6, purpose="web-test") as stack:
+            async with local_agent(stack.pool_address, stack.token, tokenizer_processes=0) as agent:
+                channel = make_channel(agent.address, token=stack.token)
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                starts = [
+                    start_message(t, gold_url, f"gold-{i}", str(run_dir))
+                    for i, t in enumerate(tasks)
+                ]
+                starts += [
+                    start_message(t, wrong_url, f"wrong-{i}", str(run_dir))
+                    for i, t in enumerate(tasks[:WRONG])
+                ]
+                starts.append(
+                    start_message(tasks[0], gold_url, "dynamic-0", str(dynamic_dir), dynamic=True)
+                )
+                limit = asyncio.Semaphore(3)
+
+                async def one(start: pb.EpisodeStart) -> pb.EpisodeResult:
+                    async with limit:
+                        return await run_episode(stub, start)
+
+                results = await asyncio.gather(*(one(s) for s in starts))
+                await channel.close()
+    finally:
+        await gold.stop()
+        await wrong.stop()
+    failed = [
+        (r.episode_id, r.error_reason, r.error_message)
+        for r in results
+        if r.status != pb.EPISODE_STATUS_SUBMITTED or not r.artifact_dir
+    ]
+    assert not failed, failed
+
+
+@pytest.fixture(scope="session")
+def real_run() -> Iterator[tuple[Path, Path]]:
+    """(an agent artifact directory of 8 real episodes: 6 gold, 2 wrong; a directory with one
+    dynamic-history episode)."""
+    tasks = load_tasks(default_tasks_dir())
+    base = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
+    build_images(tasks, base_image=base, progress=lambda line: None)
+    with tempfile.TemporaryDirectory(prefix="swerl-web-run-") as root:
+        run_dir, dynamic_dir = Path(root) / "run", Path(root) / "dynamic"
+        asyncio.run(_produce(run_dir, dynamic_dir))
+        yield run_dir, dynamic_dir
+
+
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    """Where the tests save their screenshots (kept after the run, for people to look at)."""
+    folder = Path(
+        os.environ.get("SWERL_TEST_ARTIFACTS", Path(tempfile.gettempdir()) / "swerl-test-artifacts")
+    )
+    folder = folder / "web"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def browser() -> Iterator[webdriver.Chrome]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="swerl-chromium-")
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
