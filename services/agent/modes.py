@@ -6,7 +6,8 @@ The episode loop only speaks text: `open` with the first two messages, `respond`
 - `TokenMode` (SGLang `/generate`, for training): the exact token stream. The prompt is rendered
   once, each turn appends the policy's own sampled ids with their logprobs and the template delta
   of the observation (tokens.py), the context window trims whole turns from the middle when the
-  next prompt would not fit (context.py), and the episode's training records come from it.
+  next prompt would not fit (context.py), and the episode's training records come from it,
+  with each turn's top-p sets and routed experts when the episode asked SGLang for them.
 - `ChatMode` (OpenAI-compatible chat, for evaluating hosted models): the message list, as text;
   no tokens, no window, no records.
 """
