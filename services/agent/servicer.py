@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from swerl.agent.board import list_episodes_response
 from swerl.agent.runner import EpisodeRunner
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
@@ -18,3 +19,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
         async for response in self._runner.stream(request_iterator):
             yield response
+
+    async def ListEpisodes(
+        self, request: pb.ListEpisodesRequest, context
+    ) -> pb.ListEpisodesResponse:
+        return list_episodes_response(list(self._runner.running.values()))
