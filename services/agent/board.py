@@ -1,5 +1,6 @@
-"""The board of running episodes (ListEpisodes): episode id, instance, turns, phase and elapsed
-time of each, read from the runner's live episodes without touching them.
+"""The board of ListEpisodes: the running episodes (episode id, instance, turns, phase, elapsed
+time), read from the runner's live episodes without touching them, and the last episodes that
+ended, as their results passed through the service.
 
 The phase comes from what the episode already keeps: no messages yet means the lease is still
 being acquired; then the last message says whose move it is (an observation or the instance:
@@ -10,12 +11,15 @@ being taken and graded.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from swerl.agent.episode import Episode
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
+
+FINISHED_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,28 @@ def board(episodes: Iterable[Episode]) -> list[BoardRow]:
     return rows
 
 
-def list_episodes_response(episodes: Iterable[Episode]) -> pb.ListEpisodesResponse:
+class FinishedEpisodes:
+    """The last FINISHED_KEPT episode results, reduced to what the board shows."""
+
+    def __init__(self) -> None:
+        self._ended: deque[pb.FinishedEpisode] = deque(maxlen=FINISHED_KEPT)
+
+    def record(self, result: pb.EpisodeResult) -> None:
+        ended = pb.FinishedEpisode(episode_id=result.episode_id, status=result.status)
+        if result.HasField("reward"):
+            ended.reward = result.reward
+        ended.end_time.GetCurrentTime()
+        self._ended.append(ended)
+
+    def __iter__(self):
+        return iter(list(self._ended))
+
+
+def list_episodes_response(
+    episodes: Iterable[Episode], finished: Iterable[pb.FinishedEpisode] = ()
+) -> pb.ListEpisodesResponse:
     return pb.ListEpisodesResponse(
+        finished=list(finished),
         episodes=[
             pb.RunningEpisode(
                 episode_id=row.episode_id,
@@ -67,5 +91,5 @@ def list_episodes_response(episodes: Iterable[Episode]) -> pb.ListEpisodesRespon
                 owner=row.owner,
             )
             for row in board(episodes)
-        ]
+        ],
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from swerl.agent.board import list_episodes_response
+from swerl.agent.board import FinishedEpisodes, list_episodes_response
 from swerl.agent.runner import EpisodeRunner
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
@@ -13,14 +13,17 @@ from swerl.agent.v1 import agent_pb2_grpc
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, runner: EpisodeRunner) -> None:
         self._runner = runner
+        self._finished = FinishedEpisodes()
 
     async def RunEpisode(
         self, request_iterator: AsyncIterator[pb.RunEpisodeRequest], context
     ) -> AsyncIterator[pb.RunEpisodeResponse]:
         async for response in self._runner.stream(request_iterator):
+            if response.HasField("result"):
+                self._finished.record(response.result)
             yield response
 
     async def ListEpisodes(
         self, request: pb.ListEpisodesRequest, context
     ) -> pb.ListEpisodesResponse:
-        return list_episodes_response(list(self._runner.running.values()))
+        return list_episodes_response(list(self._runner.running.values()), self._finished)

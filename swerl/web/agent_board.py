@@ -13,7 +13,7 @@ from swerl.agent.v1 import agent_pb2_grpc
 async def list_agent_episodes(
     channel: grpc.aio.Channel, timeout_s: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(running episodes, recently finished episodes); the agent reports no finished ones yet."""
+    """(running episodes, the last episodes that ended on the agent)."""
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     response = await stub.ListEpisodes(pb.ListEpisodesRequest(), timeout=timeout_s)
     running = [
@@ -27,4 +27,13 @@ async def list_agent_episodes(
         }
         for e in response.episodes
     ]
-    return running, []
+    finished = [
+        {
+            "episode_id": e.episode_id,
+            "status": pb.EpisodeStatus.Name(e.status).removeprefix("EPISODE_STATUS_"),
+            "reward": e.reward if e.HasField("reward") else None,
+            "end_time": e.end_time.ToMicroseconds() / 1e6,
+        }
+        for e in response.finished
+    ]
+    return running, finished

@@ -23,6 +23,7 @@ from swerl.web.render import plotly_js_path, render
 
 COOKIE = "swerl_dashboard"
 HISTORY = 720  # polls kept for the charts (an hour at the default interval)
+REWARD_WINDOW_S = 300.0  # the mean reward chart averages the episodes that ended this recently
 _LEASE_STATES = [
     pool_pb2.LEASE_STATE_PENDING,
     pool_pb2.LEASE_STATE_ACTIVE,
@@ -130,23 +131,29 @@ class Poller:
         snapshot["agents"] = [
             await self._agent(address, channel) for address, channel in self._agents
         ]
-        # Leases that were seen and are gone ended: a finished (or failed) episode each.
+        # Episodes that ended in the last minute: as the agents report them, or, with no agent
+        # given, the leases that were seen and are gone (a finished or failed episode each).
         current = {lease["lease_id"] for lease in snapshot["leases"]}
         for _ in self._seen_leases - current:
             self._ended.append(now)
         self._seen_leases = current
         while self._ended and self._ended[0] < now - 60:
             self._ended.popleft()
+        finished = [e for a in snapshot["agents"] for e in a["finished"]]
+        ended_per_min = (
+            sum(1 for e in finished if e["end_time"] >= now - 60)
+            if self._agents
+            else len(self._ended)
+        )
         waits = [lease["wait_s"] for lease in snapshot["leases"]]
         rewards = [
             e["reward"]
-            for a in snapshot["agents"]
-            for e in a["finished"]
-            if e["reward"] is not None
+            for e in finished
+            if e["reward"] is not None and e["end_time"] >= now - REWARD_WINDOW_S
         ]
         point = {
             "time": now,
-            "ended_per_min": len(self._ended),
+            "ended_per_min": ended_per_min,
             "p50_wait_s": statistics.median(waits) if waits else None,
             "mean_reward": statistics.fmean(rewards) if rewards else None,
             "active_leases": len(current),

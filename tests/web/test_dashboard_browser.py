@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
@@ -34,9 +35,13 @@ async def running_stack(latency_s: float):
     await asyncio.to_thread(
         build_images, tasks[:1], base_image="swerl-base:bookworm", progress=lambda line: None
     )
-    replay = ReplayPolicyServer(
-        scripts_for_tasks(tasks[:1], "gold"), tokenizer_dir=TOKENIZER_DIR, latency_s=latency_s
-    )
+    # The gold script after one slow command, so that the COMMAND phase lasts long enough
+    # to be seen at every poll interval (the policy's latency does the same for POLICY).
+    scripts = {
+        key: ["First a slow look around.\n\n```bash\nsleep 3 && ls\n```", *script]
+        for key, script in scripts_for_tasks(tasks[:1], "gold").items()
+    }
+    replay = ReplayPolicyServer(scripts, tokenizer_dir=TOKENIZER_DIR, latency_s=latency_s)
     url = await replay.start()
     try:
         async with local_stack(nodes=1, max_sandboxes=4, purpose="web-dash") as stack:
@@ -81,6 +86,10 @@ async def test_list_episodes_shows_a_running_episode_and_needs_the_token(tmp_pat
             assert result.status == pb.EPISODE_STATUS_SUBMITTED
             after = await stub.ListEpisodes(pb.ListEpisodesRequest(), timeout=10)
             assert list(after.episodes) == []
+            [ended] = after.finished
+            assert ended.episode_id == "board-0" and ended.status == pb.EPISODE_STATUS_SUBMITTED
+            assert ended.HasField("reward") and ended.reward == result.reward == 1.0
+            assert abs(ended.end_time.ToMicroseconds() / 1e6 - time.time()) < 60
         finally:
             await channel.close()
         assert {"EPISODE_PHASE_POLICY", "EPISODE_PHASE_COMMAND"} <= phases, phases
@@ -147,6 +156,19 @@ def _watch_dashboard(browser, url: str, token: str, screenshots, done) -> dict:
     return seen
 
 
+def _state_after_the_episode(page: str, token: str) -> dict:
+    """The dashboard's JSON once a poll has seen the ended episode."""
+    request = Request(page + "/api/state", headers={"Authorization": f"Bearer {token}"})
+    deadline = time.monotonic() + 30
+    while True:
+        with urlopen(request, timeout=10) as response:
+            state = json.loads(response.read())
+        if state["history"] and state["history"][-1]["mean_reward"] is not None:
+            return state
+        assert time.monotonic() < deadline, state
+        time.sleep(0.5)
+
+
 async def test_dashboard_shows_the_node_and_a_running_episodes_phase_changing(
     tmp_path, browser, screenshots
 ):
@@ -174,8 +196,13 @@ async def test_dashboard_shows_the_node_and_a_running_episodes_phase_changing(
                     _watch_dashboard, browser, page, stack.token, screenshots, episode.done
                 )
                 result = await episode
+                state = await asyncio.to_thread(_state_after_the_episode, page, stack.token)
             finally:
                 await channel.close()
+    # the charts' figures: one episode ended in the last minute, with reward +1
+    assert state["history"][-1]["ended_per_min"] == 1
+    assert state["history"][-1]["mean_reward"] == 1.0
+    assert state["agents"][0]["finished"][0]["episode_id"] == "dash-0"
     assert result.status == pb.EPISODE_STATUS_SUBMITTED
     node_id = stack.nodes[0].settings.node_id
     assert (node_id, "HEALTHY") in seen["nodes"]
