@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from swerl.agent.episode import Episode
@@ -27,12 +27,12 @@ class BoardRow:
     episode_id: str
     instance_id: str
     turns: int
-    phase: int  # pb.EpisodePhase
+    phase: pb.EpisodePhase
     elapsed_s: float
     owner: str
 
 
-def phase_of(episode: Episode) -> int:
+def phase_of(episode: Episode) -> pb.EpisodePhase:
     if episode.status is not None:
         return pb.EPISODE_PHASE_EVALUATION
     if not episode.messages:
@@ -72,7 +72,7 @@ class FinishedEpisodes:
         ended.end_time.GetCurrentTime()
         self._ended.append(ended)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[pb.FinishedEpisode]:
         return iter(list(self._ended))
 
 
@@ -86,7 +86,7 @@ def list_episodes_response(
                 episode_id=row.episode_id,
                 instance_id=row.instance_id,
                 turns=row.turns,
-                phase=pb.EpisodePhase.ValueType(row.phase),
+                phase=row.phase,
                 elapsed_duration=duration_pb(row.elapsed_s),
                 owner=row.owner,
             )

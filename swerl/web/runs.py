@@ -191,7 +191,7 @@ class Run:
             )
         problem = messages[1]["content"] if len(messages) > 1 else ""
         report = meta.get("report") or {}
-        tests = []
+        tests: list[dict[str, str]] = []
         for group, label in (("failToPass", "FAIL_TO_PASS"), ("passToPass", "PASS_TO_PASS")):
             for outcome, names in (report.get(group) or {}).items():
                 tests.extend({"group": label, "outcome": outcome, "name": n} for n in names)
