@@ -42,6 +42,7 @@ class EpisodeSummary:
     prm_mean: float | None
     eval_status: str
     artifact_dir: Path | None
+    error: str = ""  # "REASON: message" of an infra error or abort
     search_text: str = field(repr=False, default="")
 
 
@@ -184,7 +185,16 @@ class Run:
             turn = int(step.get("turn", i))
             turns.append(
                 {
+                    # A format-error turn ran nothing: it has no action, exit code or timing.
+                    "action": "",
+                    "response": "",
+                    "exit_code": None,
+                    "exec_s": None,
+                    "output_bytes": 0,
+                    "timed_out": False,
+                    "format_error": False,
                     **step,
+                    "turn": turn,
                     "output": observations[i]["content"] if i < len(observations) else "",
                     "score": scores.get(turn),
                 }
@@ -248,6 +258,12 @@ def _diff_lines(patch: str) -> list[tuple[str, str]]:
     return lines
 
 
+def _error(source: dict[str, Any]) -> str:
+    reason = str(source.get("error_reason") or "")
+    message = str(source.get("error_message") or "")
+    return f"{reason}: {message}" if reason and message else reason or message
+
+
 def _artifact_summary(folder: Path, record: dict[str, Any]) -> EpisodeSummary:
     meta = _read_json(folder / "meta.json") or {}
     traj = _read_json(folder / "traj.json")
@@ -269,6 +285,7 @@ def _artifact_summary(folder: Path, record: dict[str, Any]) -> EpisodeSummary:
             or str(report.get("status", "")).removeprefix("EVALUATION_STATUS_")
         ),
         artifact_dir=folder,
+        error=_error(record) or _error((traj or {}).get("info") or {}),
         search_text=_search_text(traj),
     )
 
@@ -300,6 +317,7 @@ def _eval_index(path: Path) -> Iterable[EpisodeSummary]:
             prm_mean=None,
             eval_status=str(record.get("eval_status") or ""),
             artifact_dir=None,
+            error=_error(record),
         )
 
 

@@ -294,3 +294,84 @@ def test_a_run_of_thousands_of_episodes_is_indexed_once_and_paged(
         browser.save_screenshot(str(screenshots / "inspect-3000.png"))
     finally:
         served.stop()
+
+
+def test_an_eval_run_directory_is_read_from_results_even_after_it_moved(
+    real_run, tmp_path, browser
+):
+    run_dir, _ = real_run
+    # The layout `swerl eval` writes: results.jsonl (last line per instance wins) + artifacts/,
+    # here with artifact_dir paths of a place the run no longer is.
+    out = tmp_path / "moved-run"
+    (out / "artifacts").mkdir(parents=True)
+    lines = []
+    for folder in sorted(run_dir.iterdir()):
+        if "__gold-" not in folder.name:
+            continue
+        shutil.copytree(folder, out / "artifacts" / folder.name)
+        meta = json.loads((folder / "meta.json").read_text())
+        lines.append(
+            {
+                "instance_id": meta["instance_id"],
+                "episode_id": meta["episode_id"],
+                "status": meta["status"],
+                "reward": meta["reward"],
+                "metrics": meta["metrics"],
+                "artifact_dir": f"/gone/artifacts/{folder.name}",
+                "eval_status": "RESOLVED_FULL",
+                "duration_s": 12.5,
+            }
+        )
+    # an instance that failed first and has no artifacts on its last try
+    failed = {**lines[0], "episode_id": "retry-1", "status": "INFRA_ERROR", "reward": None}
+    failed.update(artifact_dir="", eval_status="", error_reason="LEASE_LOST")
+    text = "\n".join(json.dumps(line) for line in [*lines[1:], lines[0], failed])
+    (out / "results.jsonl").write_text(text + "\n" + '{"instance_id": "cut sh')
+    served = Served("inspect", str(out), "--port", "0")
+    try:
+        browser.get(served.url + "/?sort=status")
+        rows = _rows(browser)
+        assert len(rows) == len(lines)
+        statuses = [r["status"] for r in rows]
+        assert statuses.count("INFRA_ERROR") == 1 and statuses.count("SUBMITTED") == len(lines) - 1
+        error_row = next(r for r in rows if r["status"] == "INFRA_ERROR")
+        assert error_row["key"] == "retry-1" and error_row["reward"] == "-"
+        browser.get(served.url + "/episode/retry-1")
+        assert "not graded" in browser.find_element(By.ID, "evaluation").text
+        assert browser.find_element(By.ID, "error").text.startswith("LEASE_LOST")
+        ok_row = next(r for r in rows if r["status"] == "SUBMITTED")
+        browser.get(f"{served.url}/episode/{ok_row['key']}/tokens")
+        assert browser.find_elements(By.CSS_SELECTOR, ".tok[data-mask='1']")
+    finally:
+        served.stop()
+
+
+def test_format_error_turns_and_prm_scores_are_shown(real_run, tmp_path, browser):
+    run_dir, _ = real_run
+    source = next(p for p in sorted(run_dir.iterdir()) if "__gold-" in p.name)
+    folder = tmp_path / "run" / source.name
+    shutil.copytree(source, folder)
+    # the same episode as if turn 1 had been a reply without a bash block, and PRM had judged it
+    traj = json.loads((folder / "traj.json").read_text())
+    traj["steps"][1] = {"turn": 1, "response": "no block here", "format_error": True, "n_blocks": 0}
+    (folder / "traj.json").write_text(json.dumps(traj))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["step_scores"] = [
+        {"turnIndex": 0, "score": 0.5, "validVotes": 3, "state": "STEP_SCORE_STATE_SCORED"},
+        {"turnIndex": 1, "state": "STEP_SCORE_STATE_NOT_JUDGED"},
+        {"turnIndex": 2, "score": -1.0, "validVotes": 2, "state": "STEP_SCORE_STATE_SCORED"},
+    ]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    served = Served("inspect", str(tmp_path / "run"), "--port", "0")
+    try:
+        browser.get(served.url + "/")
+        assert _rows(browser)[0]["key"] == source.name
+        prm_cell = browser.find_elements(By.CSS_SELECTOR, "tr.episode td")[6].text
+        assert prm_cell == "-0.25"  # the mean of the SCORED turns only
+        browser.get(f"{served.url}/episode/{source.name}")
+        turn1 = browser.find_element(By.ID, "turn-1").text
+        assert "format error: nothing ran" in turn1 and "NOT_JUDGED" in turn1
+        assert "PRM 0.50 (3 votes, SCORED)" in browser.find_element(By.ID, "turn-0").text
+        assert console_errors(browser) == []
+    finally:
+        served.stop()
