@@ -131,8 +131,8 @@ class PoolState:
 
         `reason`/`message` say why a lease leaves PENDING or ACTIVE for good; `error` is what
         the callers still waiting for a lease get when it ends before it was ready (default for
-        a PENDING lease: LeaseCancelled). Finishing
-        a lease that is ENDED already (two destroy confirmations) does nothing: returns False.
+        a PENDING lease: LeaseCancelled). Finishing a lease that is ENDED already (two destroy
+        confirmations) does nothing and returns False.
         """
         before = lease.state
         if to is ENDED and before is ENDED:
