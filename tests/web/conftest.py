@@ -5,6 +5,7 @@ selenium and its chromedriver, and a folder for the screenshots the tests save."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import sys
@@ -109,6 +110,17 @@ async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
         if r.status != pb.EPISODE_STATUS_SUBMITTED or not r.artifact_dir
     ]
     assert not failed, failed
+    # tokens.json holds the result's token records as they are
+    for result in results:
+        written = json.loads((Path(result.artifact_dir) / "tokens.json").read_text())
+        records = [result.trajectory] if result.HasField("trajectory") else list(result.turns)
+        stored = [written["trajectory"]] if written["trajectory"] else written["turns"]
+        assert len(stored) == len(records)
+        for record, saved in zip(records, stored, strict=True):
+            assert saved["prompt_ids"] == list(record.prompt_ids)
+            assert saved["response_ids"] == list(record.response_ids)
+            assert saved["loss_mask"] == list(record.loss_mask)
+            assert saved["logprobs"] == pytest.approx(list(record.logprobs), abs=1e-4)
 
 
 @pytest.fixture(scope="session")
