@@ -262,6 +262,8 @@ class Episode:
             turn.prompt_tokens = answer.prompt_tokens
             turn.response_tokens = answer.response_tokens
             turn.context_trimmed = answer.context_trimmed
+            if answer.context_trimmed:  # for `swerl inspect`, which marks where the trim was
+                self.steps[-1]["context_trimmed"] = True
             turn.finish_reason = answer.finish_reason
             turn.model_duration.CopyFrom(duration_pb(answer.model_s))
             if turn.submitted:

@@ -129,6 +129,7 @@ async def token_page(request: web.Request) -> web.Response:
                 "title": "Whole episode (one record)",
                 **_split(record, decode),
                 "trimmed": False,
+                "trimmed_turns": trimmed_turns,
                 "counts": _counts(record),
             }
         )
@@ -139,6 +140,7 @@ async def token_page(request: web.Request) -> web.Response:
                 "title": f"Turn {i} (dynamic history)",
                 **_split(record, decode),
                 "trimmed": trimmed or i in trimmed_turns,
+                "trimmed_turns": set(),
                 "counts": _counts(record),
             }
         )

@@ -72,11 +72,16 @@ async def run_episode(stub, start: pb.EpisodeStart) -> pb.EpisodeResult:
     return result
 
 
-async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
+async def _produce(run_dir: Path, dynamic_dir: Path, trimmed_dir: Path) -> None:
     tasks = load_tasks(default_tasks_dir())
     gold = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
     wrong = ReplayPolicyServer(scripts_for_tasks(tasks[:WRONG], "wrong"))
-    gold_url, wrong_url = await gold.start(), await wrong.start()
+    # Twelve long outputs in a 4,096-token window: the context is trimmed on the way.
+    key = next(iter(scripts_for_tasks(tasks[:1])))
+    looks = ReplayPolicyServer(
+        {key: [f"Looking.\n\n```bash\nseq {i} {i + 150}\n```" for i in range(12)]}
+    )
+    gold_url, wrong_url, looks_url = await gold.start(), await wrong.start(), await looks.start()
     try:
         async with local_stack(nodes=1, max_sandboxes=6, purpose="web-test") as stack:
             async with local_agent(stack.pool_address, stack.token, tokenizer_processes=0) as agent:
@@ -93,7 +98,19 @@ async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
                 starts.append(
                     start_message(tasks[0], gold_url, "dynamic-0", str(dynamic_dir), dynamic=True)
                 )
-                limit = asyncio.Semaphore(3)
+                for dynamic in (False, True):
+                    trimmed = start_message(
+                        tasks[0],
+                        looks_url,
+                        f"trim-{int(dynamic)}",
+                        str(trimmed_dir),
+                        dynamic=dynamic,
+                    )
+                    trimmed.limits.max_turns = 12
+                    trimmed.limits.max_context_tokens = 4096
+                    trimmed.limits.max_new_tokens = 512
+                    starts.append(trimmed)
+                limit = asyncio.Semaphore(4)
 
                 async def one(start: pb.EpisodeStart) -> pb.EpisodeResult:
                     async with limit:
@@ -104,10 +121,17 @@ async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
     finally:
         await gold.stop()
         await wrong.stop()
+        await looks.stop()
     failed = [
         (r.episode_id, r.error_reason, r.error_message)
         for r in results
-        if r.status != pb.EPISODE_STATUS_SUBMITTED or not r.artifact_dir
+        if r.status
+        != (
+            pb.EPISODE_STATUS_LIMIT_TURNS
+            if r.episode_id.startswith("trim-")
+            else pb.EPISODE_STATUS_SUBMITTED
+        )
+        or not r.artifact_dir
     ]
     assert not failed, failed
     # tokens.json holds the result's token records as they are
@@ -126,14 +150,20 @@ async def _produce(run_dir: Path, dynamic_dir: Path) -> None:
 @pytest.fixture(scope="session")
 def real_run() -> Iterator[tuple[Path, Path]]:
     """(an agent artifact directory of 8 real episodes: 6 gold, 2 wrong; a directory with one
-    dynamic-history episode)."""
+    dynamic-history episode). A third directory, `trimmed_run`, holds two episodes whose context
+    was trimmed (one whole-episode record, one dynamic history)."""
     tasks = load_tasks(default_tasks_dir())
     base = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
     build_images(tasks, base_image=base, progress=lambda line: None)
     with tempfile.TemporaryDirectory(prefix="swerl-web-run-") as root:
         run_dir, dynamic_dir = Path(root) / "run", Path(root) / "dynamic"
-        asyncio.run(_produce(run_dir, dynamic_dir))
+        asyncio.run(_produce(run_dir, dynamic_dir, Path(root) / "trimmed"))
         yield run_dir, dynamic_dir
+
+
+@pytest.fixture(scope="session")
+def trimmed_run(real_run) -> Path:
+    return real_run[0].parent / "trimmed"
 
 
 @pytest.fixture(scope="session")

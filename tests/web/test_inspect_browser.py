@@ -375,3 +375,61 @@ def test_format_error_turns_and_prm_scores_are_shown(real_run, tmp_path, browser
         assert console_errors(browser) == []
     finally:
         served.stop()
+
+
+def test_a_trimmed_turn_is_marked_in_the_whole_episode_token_view(real_run, tmp_path, browser):
+    run_dir, _ = real_run
+    source = next(p for p in sorted(run_dir.iterdir()) if "__gold-" in p.name)
+    folder = tmp_path / "run" / source.name
+    shutil.copytree(source, folder)
+    # as the agent records it when the window left turns out of turn 2's prompt
+    traj = json.loads((folder / "traj.json").read_text())
+    traj["steps"][2]["context_trimmed"] = True
+    (folder / "traj.json").write_text(json.dumps(traj))
+    served = Served("inspect", str(tmp_path / "run"), "--port", "0")
+    try:
+        browser.get(f"{served.url}/episode/{source.name}/tokens")
+        marks = browser.find_elements(By.CSS_SELECTOR, ".tokens.response .trim-marker")
+        assert len(marks) == 1 and "turn 2" in marks[0].text
+        # right before the T2 mark
+        following = marks[0].find_element(By.XPATH, "following-sibling::span[1]")
+        assert following.text == "T2"
+    finally:
+        served.stop()
+
+
+def test_real_trimmed_episodes_show_where_the_context_was_trimmed(
+    trimmed_run, browser, screenshots
+):
+    served = Served("inspect", str(trimmed_run), "--port", "0")
+    try:
+        whole = next(p for p in trimmed_run.iterdir() if p.name.endswith("__trim-0"))
+        steps = json.loads((whole / "traj.json").read_text())["steps"]
+        trimmed_turns = [s["turn"] for s in steps if s.get("context_trimmed")]
+        assert trimmed_turns  # the agent recorded the trims
+        browser.get(f"{served.url}/episode/{whole.name}/tokens")
+        marks = browser.find_elements(By.CSS_SELECTOR, ".tokens.response .trim-marker")
+        assert [int(m.text.split("turn ")[1].split()[0]) for m in marks] == trimmed_turns
+
+        dynamic = next(p for p in trimmed_run.iterdir() if p.name.endswith("__trim-1"))
+        turns = json.loads((dynamic / "tokens.json").read_text())["turns"]
+        browser.get(f"{served.url}/episode/{dynamic.name}/tokens")
+        sections = browser.find_elements(By.CSS_SELECTOR, "section.record")
+        assert len(sections) == len(turns) == 12
+        flagged = [
+            i for i, s in enumerate(sections) if s.find_elements(By.CSS_SELECTOR, ".trim-marker")
+        ]
+        # a turn is flagged exactly when its prompt does not extend the previous prompt + response
+        expected = [
+            i
+            for i in range(1, len(turns))
+            if turns[i]["prompt_ids"][
+                : len(turns[i - 1]["prompt_ids"]) + len(turns[i - 1]["response_ids"])
+            ]
+            != turns[i - 1]["prompt_ids"] + turns[i - 1]["response_ids"]
+        ]
+        assert flagged == expected and flagged
+        browser.execute_script("arguments[0].scrollIntoView()", sections[flagged[0]])
+        browser.save_screenshot(str(screenshots / "inspect-trimmed.png"))
+    finally:
+        served.stop()
