@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
@@ -24,52 +22,18 @@ from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
-from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.chassis.timeconv import duration_pb
 from swerl.pool.server import local_stack
-from swerl.tasks import TaskInstance, build_images, default_tasks_dir, load_tasks
-from swerl.validate import instance_to_pb
+from swerl.tasks import build_images, default_tasks_dir, load_tasks
+
+# web_testkit sits beside this file; a plain `conftest` import would be ambiguous across test
+# folders, so helpers live in a module with a unique name.
+sys.path.insert(0, str(Path(__file__).parent))
+from web_testkit import run_episode, start_message
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
 # The tasks that get a wrong patch (reward -1) in the generated run; all get a gold one.
 WRONG = 2
-
-
-def start_message(
-    task: TaskInstance, url: str, episode_id: str, artifact_dir: str, *, dynamic: bool = False
-) -> pb.EpisodeStart:
-    start = pb.EpisodeStart(
-        episode_id=episode_id,
-        instance=instance_to_pb(task.instance),
-        policy=pb.PolicyConfig(
-            endpoint=url,
-            api=pb.POLICY_API_SGLANG_GENERATE,
-            model="replay",
-            tokenizer_path=TOKENIZER_DIR,
-        ),
-        limits=pb.EpisodeLimits(
-            max_turns=8,
-            max_new_tokens=2048,
-            command_timeout=duration_pb(60),
-            eval_timeout=duration_pb(300),
-        ),
-        options=pb.EpisodeOptions(
-            dynamic_history=dynamic, artifact_dir=artifact_dir, owner="web-test"
-        ),
-    )
-    start.policy.sampling_params.update({"temperature": 1.0, "top_p": 1.0})
-    return start
-
-
-async def run_episode(stub, start: pb.EpisodeStart) -> pb.EpisodeResult:
-    result = None
-    async for message in stub.RunEpisode(iter([pb.RunEpisodeRequest(start=start)]), timeout=900):
-        if message.WhichOneof("kind") == "result":
-            result = message.result
-    assert result is not None
-    return result
 
 
 async def _produce(run_dir: Path, dynamic_dir: Path, trimmed_dir: Path) -> None:

@@ -13,9 +13,8 @@ from urllib.request import Request, urlopen
 import grpc
 import pytest
 from aiohttp import web
-from conftest import TOKENIZER_DIR, run_episode, start_message
 from selenium.webdriver.common.by import By
-from web_testkit import console_errors
+from web_testkit import TOKENIZER_DIR, console_errors, run_episode, start_message
 
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent

@@ -1,5 +1,5 @@
-"""Helpers of the browser tests: console errors of a page, and a `swerl` web command run as a
-user runs it."""
+"""Helpers of the browser tests: start messages for real episodes, console errors of a page, and
+a `swerl` web command run as a user runs it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,49 @@ import subprocess
 import sys
 
 from selenium import webdriver
+
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.chassis.timeconv import duration_pb
+from swerl.tasks import TaskInstance
+from swerl.validate import instance_to_pb
+
+TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
+
+
+def start_message(
+    task: TaskInstance, url: str, episode_id: str, artifact_dir: str, *, dynamic: bool = False
+) -> pb.EpisodeStart:
+    start = pb.EpisodeStart(
+        episode_id=episode_id,
+        instance=instance_to_pb(task.instance),
+        policy=pb.PolicyConfig(
+            endpoint=url,
+            api=pb.POLICY_API_SGLANG_GENERATE,
+            model="replay",
+            tokenizer_path=TOKENIZER_DIR,
+        ),
+        limits=pb.EpisodeLimits(
+            max_turns=8,
+            max_new_tokens=2048,
+            command_timeout=duration_pb(60),
+            eval_timeout=duration_pb(300),
+        ),
+        options=pb.EpisodeOptions(
+            dynamic_history=dynamic, artifact_dir=artifact_dir, owner="web-test"
+        ),
+    )
+    start.policy.sampling_params.update({"temperature": 1.0, "top_p": 1.0})
+    return start
+
+
+async def run_episode(stub, start: pb.EpisodeStart) -> pb.EpisodeResult:
+    result = None
+    async for message in stub.RunEpisode(iter([pb.RunEpisodeRequest(start=start)]), timeout=900):
+        if message.WhichOneof("kind") == "result":
+            result = message.result
+    assert result is not None
+    return result
 
 
 def console_errors(driver: webdriver.Chrome) -> list[str]:
