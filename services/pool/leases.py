@@ -30,10 +30,14 @@ import structlog
 
 from swerl.pool.keepalive import RENEW_SLICE, KeepAlive, Tokens
 from swerl.pool.model import (
+    ACTIVE,
+    ENDED,
     LABEL_REQUEST,
     LABEL_SPARE,
     LABEL_SPEC,
     LABEL_TTL,
+    PENDING,
+    RELEASING,
     SPARE_OWNER,
     AcquireRequest,
     Expiry,
@@ -97,13 +101,6 @@ __all__ = [
 
 log = structlog.get_logger("swerl.pool")
 
-# Short names of the states, as the pool's callers and tests know them.
-PENDING, ACTIVE, RELEASING, ENDED = (
-    LeaseState.PENDING,
-    LeaseState.ACTIVE,
-    LeaseState.RELEASING,
-    LeaseState.ENDED,
-)
 N_PENDING, N_HEALTHY, N_UNHEALTHY, N_DRAINING, N_DRAINED = (
     NodeState.PENDING,
     NodeState.HEALTHY,

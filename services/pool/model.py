@@ -37,6 +37,15 @@ class LeaseState(_Named):
     ENDED = "ENDED"  # the node confirmed the sandbox gone (kept a while for ListLeases)
 
 
+# Short names of the states, as the pool's modules, callers and tests know them.
+PENDING, ACTIVE, RELEASING, ENDED = (
+    LeaseState.PENDING,
+    LeaseState.ACTIVE,
+    LeaseState.RELEASING,
+    LeaseState.ENDED,
+)
+
+
 class LossReason(_Named):
     """Why a lease ended."""
 

@@ -28,11 +28,14 @@ from swerl.pool.errors import (
 )
 from swerl.pool.keepalive import Tokens
 from swerl.pool.model import (
+    ACTIVE,
+    ENDED,
     LABEL_REQUEST,
     LABEL_TTL,
+    PENDING,
+    RELEASING,
     AcquireRequest,
     Lease,
-    LeaseState,
     LossReason,
     Node,
     Spare,
@@ -43,12 +46,6 @@ from swerl.pool.state import PoolState
 
 log = structlog.get_logger("swerl.pool")
 
-PENDING, ACTIVE, RELEASING, ENDED = (
-    LeaseState.PENDING,
-    LeaseState.ACTIVE,
-    LeaseState.RELEASING,
-    LeaseState.ENDED,
-)
 RETRY_DELAY_S = 1.0
 
 

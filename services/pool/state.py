@@ -38,6 +38,10 @@ from swerl.chassis.errors import SwerlError
 from swerl.pool import metrics
 from swerl.pool.errors import LeaseCancelled
 from swerl.pool.model import (
+    ACTIVE,
+    ENDED,
+    PENDING,
+    RELEASING,
     Lease,
     LeaseState,
     LoadIndex,
@@ -51,12 +55,6 @@ from swerl.pool.settings import PoolSettings
 
 log = structlog.get_logger("swerl.pool")
 
-PENDING, ACTIVE, RELEASING, ENDED = (
-    LeaseState.PENDING,
-    LeaseState.ACTIVE,
-    LeaseState.RELEASING,
-    LeaseState.ENDED,
-)
 
 # The moves a lease can make; anything else is a bug in the pool.
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
