@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import grpc
 
@@ -223,7 +224,7 @@ async def _attempt(
 
 
 async def _watch(
-    call: grpc.aio.StreamStreamCall,
+    call: grpc.aio.StreamStreamCall[agent_pb2.RunEpisodeRequest, agent_pb2.RunEpisodeResponse],
     reader: asyncio.Task[None],
     outcome: EpisodeOutcome,
     settings: PluginSettings,
@@ -260,11 +261,16 @@ async def _watch(
             return
 
 
-async def _read(call: grpc.aio.StreamStreamCall, outcome: EpisodeOutcome) -> None:
+async def _read(
+    call: grpc.aio.StreamStreamCall[agent_pb2.RunEpisodeRequest, agent_pb2.RunEpisodeResponse],
+    outcome: EpisodeOutcome,
+) -> None:
     while True:
-        message = await call.read()
-        if message is grpc.aio.EOF:
+        read = await call.read()
+        if read is grpc.aio.EOF:
             return
+        # grpc's stubs type a stream read as `object`; the stub's response type is what arrives.
+        message = cast(agent_pb2.RunEpisodeResponse, read)
         kind = message.WhichOneof("kind")
         if kind == "started":
             outcome.started = message.started
