@@ -11,6 +11,12 @@ reward 0.0 (slime computes no reward for ABORTED samples but the trainer needs o
 and any outcome without a usable trajectory or reward → one placeholder with
 `remove_sample=True`, reward 0.0, `loss_mask=[0]` and `metadata["infra_error"] = True`, for the
 dynamic-sampling filter to drop its group. Infra failures are never scored as wrong answers.
+
+Replay (replay.py): with top-p replay every sample, placeholders included, carries
+`rollout_top_p_token_ids/offsets` (the records' own, or empty spans); with routing replay every
+sample carries `rollout_routed_experts`, and a trainable record without them stops the run with
+an error naming the flag (a whole trajectory whose context was trimmed has none by nature and
+becomes a placeholder).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from swerl.agent.v1 import agent_pb2
-from swerl.trainer_plugin import slime_glue
+from swerl.trainer_plugin import framework, replay
 from swerl.trainer_plugin.episode import EpisodeOutcome
+from swerl.trainer_plugin.replay import ReplaySpec
 
 # Token of placeholder samples. Any valid id does: a placeholder is never trained on.
 PLACEHOLDER_TOKEN_ID = 0
@@ -66,22 +73,30 @@ def status_name(status: int) -> str:
 
 
 def outcome_to_samples(
-    template: Any, outcome: EpisodeOutcome, *, per_turn: bool, decode: Decoder | None = None
+    template: Any,
+    outcome: EpisodeOutcome,
+    *,
+    per_turn: bool,
+    decode: Decoder | None = None,
+    spec: ReplaySpec | None = None,
 ) -> Any:
     """The samples of one episode: a list when `per_turn`, else one sample.
 
     `template` is the sample slime passed to generate; it is never modified (every returned
-    sample is a clone), so its prompt, label, indices and dataset metadata carry over.
+    sample is a clone), so its prompt, label, indices and dataset metadata carry over. Raises
+    RoutingReplayError when `spec` asks for routed experts a trainable record lacks.
     """
+    spec = spec or ReplaySpec()
     result = outcome.result
     if result is None:
         aborted = outcome.cancelled_by == "abort"
         failure = (outcome.failure_reason, outcome.failure_message)
-        samples = [_placeholder(template, outcome, *failure, aborted=aborted)]
+        samples = [_placeholder(template, outcome, *failure, aborted=aborted, spec=spec)]
         return samples if per_turn else samples[0]
     if result.status == S.EPISODE_STATUS_INFRA_ERROR or result.status not in _SLIME_STATUS:
         reason = result.error_reason or f"EPISODE_{status_name(result.status)}"
-        samples = [_placeholder(template, outcome, reason, result.error_message, aborted=False)]
+        failure = (reason, result.error_message)
+        samples = [_placeholder(template, outcome, *failure, aborted=False, spec=spec)]
         return samples if per_turn else samples[0]
 
     aborted = _SLIME_STATUS[result.status] == "ABORTED"
@@ -92,9 +107,11 @@ def outcome_to_samples(
         records = [result.trajectory] if result.HasField("trajectory") else []
         turn_indices = [None] * len(records)
     usable = [(i, r) for i, r in zip(turn_indices, records, strict=True) if _trainable(r)]
-    problem = _record_problem(records, usable, result, aborted)
+    problem = _record_problem(records, usable, result, aborted) or _replay_problem(
+        usable, outcome, spec, per_turn=per_turn
+    )
     if problem is not None:
-        samples = [_placeholder(template, outcome, *problem, aborted=aborted)]
+        samples = [_placeholder(template, outcome, *problem, aborted=aborted, spec=spec)]
         return samples if per_turn else samples[0]
 
     samples = []
@@ -105,9 +122,10 @@ def outcome_to_samples(
             reward = record.reward
         else:
             reward = result.reward
-        sample = slime_glue.clone_sample(template)
+        sample = framework.clone_sample(template)
         _fill_tokens(sample, record, decode)
-        sample.status = slime_glue.status(template, _SLIME_STATUS[result.status])
+        _fill_replay(sample, record, spec)
+        sample.status = framework.status(template, _SLIME_STATUS[result.status])
         sample.reward = float(reward)
         sample.remove_sample = False
         sample.weight_versions = list(record.weight_versions)
@@ -150,6 +168,57 @@ def _record_problem(
     return None
 
 
+def _replay_problem(
+    usable: list[tuple[int | None, agent_pb2.TokenRecord]],
+    outcome: EpisodeOutcome,
+    spec: ReplaySpec,
+    *,
+    per_turn: bool,
+) -> tuple[str, str] | None:
+    """Why the records cannot carry the replay data the trainer asks for (None: they can).
+
+    Routed experts missing from a record that should have them raise: every episode of the run
+    would lack them, and the trainer would fail only after the rollout.
+    """
+    for _, record in usable:
+        try:
+            replay.top_p_sets(record)
+        except replay.InvalidReplayRecord as err:
+            return ("INVALID_TOKEN_RECORD", str(err))
+        if spec.top_p and not record.top_p_token_offsets:
+            return (
+                "NO_TOP_P_TOKENS",
+                "top-p replay is on (--rollout-top-p < 1) but a token record has no top-p sets",
+            )
+        if not spec.routed_experts:
+            continue
+        if not record.routed_experts:
+            if not per_turn and any(t.context_trimmed for t in outcome.turns):
+                return (
+                    "ROUTED_EXPERTS_UNAVAILABLE",
+                    "the context was trimmed, so no single policy call routed the whole"
+                    " trajectory; use dynamic history with routing replay",
+                )
+            raise replay.RoutingReplayError(
+                f"{replay.ROUTING_REPLAY_FLAG} is on but episode {outcome.episode_id} came back"
+                " without routed experts: the agent must run SGLANG_GENERATE against engines"
+                " started with routed-expert capture (--enable-return-routed-experts)"
+            )
+        try:
+            replay.routed_experts(record, spec)
+        except replay.InvalidReplayRecord as err:
+            return ("INVALID_TOKEN_RECORD", str(err))
+    return None
+
+
+def _fill_replay(sample: Any, record: agent_pb2.TokenRecord, spec: ReplaySpec) -> None:
+    sets = replay.top_p_sets(record)
+    if sets is not None:
+        sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = sets
+    if spec.routed_experts:
+        sample.rollout_routed_experts = replay.routed_experts(record, spec)
+
+
 def _fill_tokens(sample: Any, record: agent_pb2.TokenRecord, decode: Decoder | None) -> None:
     prompt = list(record.prompt_ids)
     response = list(record.response_ids)
@@ -161,11 +230,17 @@ def _fill_tokens(sample: Any, record: agent_pb2.TokenRecord, decode: Decoder | N
 
 
 def _placeholder(
-    template: Any, outcome: EpisodeOutcome, reason: str, message: str, *, aborted: bool
+    template: Any,
+    outcome: EpisodeOutcome,
+    reason: str,
+    message: str,
+    *,
+    aborted: bool,
+    spec: ReplaySpec,
 ) -> Any:
     """A minimal sample that is never trained on: ABORTED when the rollout was aborted (an
     episode cancelled before its first turn), otherwise FAILED and flagged as an infra error."""
-    sample = slime_glue.clone_sample(template)
+    sample = framework.clone_sample(template)
     sample.tokens = [PLACEHOLDER_TOKEN_ID, PLACEHOLDER_TOKEN_ID]
     sample.response_length = 1
     sample.loss_mask = [0]
@@ -174,8 +249,14 @@ def _placeholder(
     sample.reward = 0.0
     sample.remove_sample = True
     status = "ABORTED" if aborted else _failed_status_name(template)
-    sample.status = slime_glue.status(template, status)
+    sample.status = framework.status(template, status)
     sample.weight_versions = []
+    if spec.top_p:
+        ids, offsets = replay.empty_top_p_sets(sample.response_length)
+        sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = ids, offsets
+    if spec.routed_experts:
+        rows = len(sample.tokens) - 1
+        sample.rollout_routed_experts = replay.placeholder_routed_experts(rows, spec)
     sample.metadata.update(_episode_metadata(template, outcome, None))
     sample.metadata.update(
         {INFRA_ERROR: not aborted, ERROR_REASON: reason, ERROR_MESSAGE: message, REWARD: 0.0}

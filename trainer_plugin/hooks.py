@@ -1,13 +1,16 @@
-"""The slime hooks. Point slime at them by dotted path (see deploy/slime/README.md):
+"""The trainer hooks. Point slime or miles at them by dotted path (see deploy/slime/README.md):
 
     --custom-generate-function-path       swerl.trainer_plugin.generate
+                                          (miles' class-based rollout: .miles_generate)
     --custom-rm-path                      swerl.trainer_plugin.reward_func
     --custom-rollout-log-function-path    swerl.trainer_plugin.log_rollout_data
+    --custom-eval-rollout-log-function-path  swerl.trainer_plugin.log_eval_rollout_data
     --dynamic-sampling-filter-path        swerl.trainer_plugin.filter_infra_failures
     --custom-reward-post-process-path     swerl.trainer_plugin.post_process_rewards
 
 `generate` is a thin client: one `RunEpisode` stream per call to an agent service, which does
-the work (sandbox, policy turns, evaluation, reward). Nothing here imports slime.
+the work (sandbox, policy turns, evaluation, reward). Nothing here imports the framework; what
+is read from it goes through framework.py.
 """
 
 from __future__ import annotations
@@ -23,18 +26,23 @@ from google.protobuf import struct_pb2
 
 from swerl.agent.v1 import agent_pb2
 from swerl.chassis.timeconv import duration_pb
-from swerl.trainer_plugin import convert, metrics, rewards, slime_glue
+from swerl.trainer_plugin import convert, framework, metrics, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.instance import InstanceError, sample_instance
+from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
+# Reasons of the dynamic-sampling filter (logged by the framework as drop_<reason>).
+DROP_INFRA_ERROR = "swerl_infra_error"
+DROP_ABORTED = "swerl_aborted"
 
 _log = structlog.get_logger("swerl.trainer_plugin")
 
 
 class PluginConfigError(ValueError):
-    """slime's arguments or the plugin settings cannot describe an episode (a setup mistake)."""
+    """The framework's arguments or the plugin settings cannot describe an episode (a setup
+    mistake, refused at the first generate call before any episode runs)."""
 
 
 async def generate(
@@ -45,20 +53,61 @@ async def generate(
     Returns one Sample in whole-trajectory mode and always a list in dynamic-history mode
     (`swerl_dynamic_history` / `SWERL_PLUGIN_DYNAMIC_HISTORY`), never a mix. Evaluation calls
     always return one Sample per episode, so eval rewards count episodes, not turns. The
-    sample passed in and `sampling_params` are left untouched.
+    sample passed in and `sampling_params` are left untouched. The framework's abort flag is
+    its GenerateState singleton (slime; miles with its legacy rollout).
     """
     settings = plugin_settings(args)
+    name = framework.find(settings.framework)
+    if framework.miles_class_rollout(name):
+        raise PluginConfigError(
+            "miles' class-based rollout passes its abort flag only to generate functions that "
+            "take `input`: point --custom-generate-function-path at "
+            "swerl.trainer_plugin.miles_generate (or set "
+            f"{framework.MILES_LEGACY_ROLLOUT_ENV}=1 for miles' legacy rollout)"
+        )
+    return await run_generate(args, sample, sampling_params, evaluation, name, state=None)
+
+
+async def miles_generate(input: Any) -> Any:
+    """`generate` for miles' class-based rollout (its default; miles picks this API by the
+    parameter's name, `input`): takes miles' `GenerateFnInput`
+    (state, sample, sampling_params, evaluation) and answers its `GenerateFnOutput`. The abort
+    flag and the tokenizer are those of the state miles passes in."""
+    args = input.state.args
+    name = framework.find(plugin_settings(args).framework)
+    samples = await run_generate(
+        args, input.sample, input.sampling_params, input.evaluation, name, state=input.state
+    )
+    return framework.generate_fn_output(name, samples)
+
+
+async def run_generate(
+    args: Any,
+    sample: Any,
+    sampling_params: Mapping[str, Any],
+    evaluation: bool,
+    framework_name: str,
+    *,
+    state: Any | None,
+) -> Any:
+    """One episode as `generate` returns it, under `framework_name`, watching the abort flag of
+    `state` (None: the framework's singleton)."""
+    settings = plugin_settings(args)
+    check_rollout_mode(args, settings, framework_name)
     per_turn = settings.dynamic_history and not evaluation
+    params = copy.deepcopy(dict(sampling_params))
+    spec = ReplaySpec.for_call(args, params, evaluation)
     episode_id = new_episode_id(sample)
     try:
         start = build_start(
             args,
             sample,
-            copy.deepcopy(sampling_params),
+            params,
             settings,
             episode_id=episode_id,
             per_turn=per_turn,
             evaluation=evaluation,
+            spec=spec,
         )
     except InstanceError as err:
         outcome = EpisodeOutcome(
@@ -69,14 +118,60 @@ async def generate(
         )
     else:
         outcome = await run_episode(
-            start, agent_directory(settings), settings, slime_glue.abort_requested
+            start,
+            agent_directory(settings),
+            settings,
+            lambda: framework.abort_requested(framework_name, state),
         )
     _log_outcome(outcome)
-    decode = _decoder(settings)
-    # Cloning samples and decoding long responses is CPU work: keep it off slime's event loop.
+    if spec.routed_experts:
+        check_routing_replay(outcome)
+    decode = _decoder(settings, framework_name, state)
+    # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
     return await asyncio.to_thread(
-        convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode
+        convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode, spec=spec
     )
+
+
+def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str) -> None:
+    """Refuses rollout modes the plugin's output cannot go through.
+
+    slime's fully-async rollout sorts the entries of each group by `.index`, which on the
+    per-turn lists of dynamic history is a bound method (TypeError after a whole rollout); it
+    also applies no dynamic filter, so infra placeholders reach training there, where they are
+    loss-masked (`remove_sample`) and left out of the reward statistics by post_process_rewards.
+    """
+    if framework_name == "miles" or not settings.dynamic_history:
+        return
+    path = str(getattr(args, "rollout_function_path", "") or "")
+    if "fully_async" in path:
+        raise PluginConfigError(
+            f"--rollout-function-path {path} (slime's fully-async rollout) cannot take the "
+            "per-turn sample lists of dynamic history (it orders group entries by .index): "
+            "turn swerl_dynamic_history off, or use slime's default rollout"
+        )
+
+
+def check_routing_replay(outcome: EpisodeOutcome) -> None:
+    """Stops the run when routing replay cannot work at all: the agent refused the request for
+    routed experts, or the policy engine returned none. Every later episode would fail alike,
+    and dropping them as infra failures would resample forever."""
+    result = outcome.result
+    if result is None:
+        refused = "return_routed_experts" in outcome.failure_message
+        if outcome.failure_reason == "RPC_INVALID_ARGUMENT" and refused:
+            raise RoutingReplayError(
+                f"{ROUTING_REPLAY_FLAG} is on but the agent refused to return routed experts: "
+                f"{outcome.failure_message}"
+            )
+        return
+    if result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR and (
+        "routed_experts" in result.error_message or "routed experts" in result.error_message
+    ):
+        raise RoutingReplayError(
+            f"{ROUTING_REPLAY_FLAG} is on but the policy returns no routed experts "
+            f"({result.error_reason}: {result.error_message})"
+        )
 
 
 def _log_outcome(outcome: EpisodeOutcome) -> None:
@@ -102,14 +197,14 @@ def _log_outcome(outcome: EpisodeOutcome) -> None:
         )
 
 
-async def reward_func(args: Any, sample_or_samples: Any, **kwargs: Any) -> Any:
-    """The reward `generate` already set (slime calls this only for samples without one).
+async def reward_func(args: Any, sample: Any, **kwargs: Any) -> Any:
+    """The reward `generate` already set (the framework calls this only for samples without).
 
-    Accepts one sample or a list (when generate returned lists) and answers in kind.
+    `sample` is one sample or a list (when generate returned lists; possibly empty), answered
+    in kind.
     """
-    if isinstance(sample_or_samples, (list, tuple)):
-        return [await reward_func(args, s, **kwargs) for s in sample_or_samples]
-    sample = sample_or_samples
+    if isinstance(sample, (list, tuple)):
+        return [await reward_func(args, s, **kwargs) for s in sample]
     if sample.reward is not None:
         return sample.reward
     stored = (sample.metadata or {}).get(convert.REWARD)
@@ -123,26 +218,71 @@ def log_rollout_data(
     rollout_extra_metrics: dict[str, Any] | None,
     rollout_time: float,
 ) -> bool:
-    """Adds the `agent/*` metrics to slime's rollout metrics; slime then logs as usual."""
+    """Adds the `agent/*` metrics to the rollout's metrics; the framework then logs as usual.
+
+    Rollout functions that return no metrics dict (slime's fully-async one) hand this hook None;
+    the metrics are then logged with the framework's own logger at the rollout's step.
+    """
+    found = metrics.agent_metrics(samples)
     if rollout_extra_metrics is not None:
-        rollout_extra_metrics.update(metrics.agent_metrics(samples))
+        rollout_extra_metrics.update(found)
+    elif found:
+        name = framework.find(plugin_settings(args).framework)
+        if not framework.log_metrics(name, args, rollout_id, found, "rollout/step"):
+            _log.info("rollout.agent_metrics", rollout_id=rollout_id, **found)
+    return False
+
+
+def log_eval_rollout_data(
+    rollout_id: int, args: Any, data: dict[str, Any], extra_metrics: dict[str, Any] | None
+) -> bool:
+    """Evaluation without infra noise: before the framework averages `eval/<dataset>`, the
+    episodes that were never graded (infra failures, cancelled episodes) are taken out of each
+    dataset's rewards, truncation flags and samples, and counted as `eval/<dataset>-infra_errors`
+    and `eval/<dataset>-cancelled`. A dataset left with no graded episode is reported by its
+    counts alone (no mean over nothing).
+    """
+    counts: dict[str, float] = {}
+    for key in list(data):
+        entry = data[key]
+        samples = entry.get("samples")
+        if samples is None:
+            continue
+        kept, infra, cancelled = metrics.split_graded(samples)
+        counts[f"eval/{key}-infra_errors"] = float(infra)
+        counts[f"eval/{key}-cancelled"] = float(cancelled)
+        if len(kept) == len(samples):
+            continue
+        if not kept:
+            del data[key]
+            continue
+        for field in ("rewards", "truncated", "samples"):
+            if isinstance(entry.get(field), list) and len(entry[field]) == len(samples):
+                entry[field] = [entry[field][i] for i in kept]
+    if extra_metrics is not None:
+        extra_metrics.update(counts)
+    elif counts:
+        name = framework.find(plugin_settings(args).framework)
+        if not framework.log_metrics(name, args, rollout_id, counts, "eval/step"):
+            _log.info("eval.excluded_episodes", rollout_id=rollout_id, **counts)
     return False
 
 
 def filter_infra_failures(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Dynamic-sampling filter: drops a prompt group holding an infra failure or an aborted
     episode, whose reward says nothing about the policy (the group is resampled)."""
+    name = framework.find(plugin_settings(args).framework)
     flat = metrics.flatten(samples)
     if any((s.metadata or {}).get(convert.INFRA_ERROR) for s in flat):
-        return slime_glue.dynamic_filter_output(keep=False, reason="swerl_infra_error")
-    aborted = slime_glue.status(flat[0], "ABORTED") if flat else None
+        return framework.dynamic_filter_output(name, keep=False, reason=DROP_INFRA_ERROR)
+    aborted = framework.status(flat[0], "ABORTED") if flat else None
     if any(s.status == aborted or getattr(s, "remove_sample", False) for s in flat):
-        return slime_glue.dynamic_filter_output(keep=False, reason="swerl_aborted")
-    return slime_glue.dynamic_filter_output(keep=True, reason=None)
+        return framework.dynamic_filter_output(name, keep=False, reason=DROP_ABORTED)
+    return framework.dynamic_filter_output(name, keep=True, reason=None)
 
 
 def post_process_rewards(args: Any, samples: Any) -> tuple[list[float], list[float]]:
-    """GRPO normalisation per prompt group with each episode counted once (see rewards.py)."""
+    """Group normalisation per prompt group with each episode counted once (see rewards.py)."""
     return rewards.normalise(args, samples)
 
 
@@ -164,6 +304,7 @@ def build_start(
     episode_id: str,
     per_turn: bool,
     evaluation: bool = False,
+    spec: ReplaySpec | None = None,
 ) -> agent_pb2.EpisodeStart:
     """The `start` message of one episode. Raises InstanceError for unusable sample metadata
     and PluginConfigError when slime's arguments lack the policy endpoint or tokenizer."""
@@ -171,7 +312,6 @@ def build_start(
     params = struct_pb2.Struct()
     params.update(_jsonable({k: v for k, v in sampling_params.items() if v is not None}))
     context = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
-    phase = "eval" if evaluation else "train"
     return agent_pb2.EpisodeStart(
         episode_id=episode_id,
         instance=instance,
@@ -181,6 +321,7 @@ def build_start(
             model=settings.policy_model,
             tokenizer_path=tokenizer_path(args, settings),
             sampling_params=params,
+            return_routed_experts=bool(spec and spec.routed_experts),
         ),
         limits=agent_pb2.EpisodeLimits(
             max_turns=settings.max_turns,
@@ -201,9 +342,33 @@ def build_start(
             dynamic_history=per_turn,
             artifact_dir=settings.artifact_dir,
             config_name=settings.config_name,
-            owner=f"{settings.owner_prefix}/{phase}/group-{getattr(sample, 'group_index', None)}",
+            owner=lease_owner(args, sample, settings, evaluation=evaluation),
         ),
     )
+
+
+def lease_owner(args: Any, sample: Any, settings: PluginSettings, *, evaluation: bool) -> str:
+    """Who holds the episode's sandbox lease, as operators read it in the pool:
+    `<prefix>/train/group-<prompt group>` or `<prefix>/eval/<dataset>/sample-<index>`."""
+    if not evaluation:
+        return f"{settings.owner_prefix}/train/group-{getattr(sample, 'group_index', None)}"
+    index = getattr(sample, "index", None)
+    return f"{settings.owner_prefix}/eval/{eval_dataset_name(args, sample)}/sample-{index}"
+
+
+def eval_dataset_name(args: Any, sample: Any) -> str:
+    """The eval dataset a sample comes from. slime's eval rollout does not tell generate, so:
+    the sample's source (`sample.source`, or `metadata["source_name"]`, slime's own source key,
+    which an eval dataset's `metadata_overrides` can set), else the only configured eval
+    dataset's name, else "eval"."""
+    source = getattr(sample, "source", None) or (sample.metadata or {}).get("source_name")
+    if source:
+        return str(source)
+    datasets = getattr(args, "eval_datasets", None) or []
+    names = {getattr(d, "name", None) for d in datasets} - {None}
+    if len(names) == 1:
+        return str(names.pop())
+    return "eval"
 
 
 def policy_endpoint(args: Any, settings: PluginSettings) -> str:
@@ -247,8 +412,10 @@ def agent_directory(settings: PluginSettings) -> AgentDirectory:
     return directory
 
 
-def _decoder(settings: PluginSettings) -> convert.Decoder | None:
-    tokenizer = slime_glue.slime_tokenizer() if settings.decode_response_text else None
+def _decoder(settings: PluginSettings, framework_name: str, state: Any) -> convert.Decoder | None:
+    if not settings.decode_response_text:
+        return None
+    tokenizer = framework.tokenizer(framework_name, state)
     if tokenizer is None:
         return None
     return lambda ids: tokenizer.decode(ids)

@@ -83,6 +83,28 @@ def episodes(samples: Iterable[Any]) -> list[Any]:
     return list(seen.values())
 
 
+# Episode statuses of episodes that ended without a grade the policy earned.
+_UNGRADED_STATUSES = ("CANCELLED", "ABORTED", "NO_RESULT")
+
+
+def split_graded(samples: Sequence[Any]) -> tuple[list[int], int, int]:
+    """(indices of the samples whose episode was graded, infra failures, cancelled episodes).
+
+    Samples without the plugin's metadata (another generate function's) count as graded.
+    """
+    kept: list[int] = []
+    infra = cancelled = 0
+    for i, sample in enumerate(samples):
+        meta = getattr(sample, "metadata", None) or {}
+        if meta.get(convert.INFRA_ERROR):
+            infra += 1
+        elif meta.get(convert.EPISODE_STATUS) in _UNGRADED_STATUSES:
+            cancelled += 1
+        else:
+            kept.append(i)
+    return kept, infra, cancelled
+
+
 def agent_metrics(samples: Sequence[Any]) -> dict[str, float]:
     """The `agent/*` metrics of a batch of samples (each episode once)."""
     per_episode = [

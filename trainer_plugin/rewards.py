@@ -1,4 +1,4 @@
-"""GRPO reward normalisation per prompt group, with every episode counted once.
+"""Reward normalisation per prompt group, with every episode counted once.
 
 slime's default post-process reshapes the rewards to `n_samples_per_prompt` columns, which is
 only right when every generate call returned exactly one sample. With dynamic history an episode
@@ -9,13 +9,15 @@ returns one sample per turn, and long episodes would outweigh short ones in the 
   episode);
 - each episode contributes one value to the group's statistics: the mean reward of its samples
   (with PRM shaping the turns differ; without it every turn carries the outcome reward);
-- each sample's normalised reward is `(reward - group_mean) / (group_std + 1e-6)` (std only with
-  `grpo_std_normalization`, as in slime; the std is the unbiased one, like torch's default);
+- each sample's normalised reward is `(reward - group_mean) / (group_std + 1e-6)` (std only for
+  grpo, gspo and cispo with `grpo_std_normalization`, as in slime; the std is the unbiased one,
+  like torch's default);
 - samples marked `remove_sample` (placeholders) take no part in the statistics and get 0.0.
 
-The normalisation applies to the estimators slime normalises (grpo, gspo,
-reinforce_plus_plus_baseline) when `rewards_normalization` is on; otherwise raw rewards pass
-through, as in slime.
+The normalisation applies to the estimators slime normalises (grpo, gspo, cispo: centred and
+divided by the std; reinforce_plus_plus_baseline: centred only) when `rewards_normalization` is
+on; otherwise raw rewards pass through, as in slime. With one sample per episode and whole
+groups this is exactly slime's own computation.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 
 from swerl.trainer_plugin.metrics import episode_key, flatten
 
-NORMALISED_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
-STD_ESTIMATORS = ("grpo", "gspo")
+NORMALISED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+STD_ESTIMATORS = ("grpo", "gspo", "cispo")
 EPSILON = 1e-6
 
 

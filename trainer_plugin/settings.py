@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +30,11 @@ class PluginSettings(BaseSettings):
 
     # `| str`: the env var is a plain comma-separated list, which pydantic-settings (every
     # version since 2.2) then hands to the validator as is instead of failing to parse JSON.
+    framework: Literal["auto", "slime", "miles"] = Field(
+        "auto",
+        description="The training framework whose classes and abort flag the hooks use: auto = "
+        "the one already imported in the RolloutManager, else the importable one (slime first).",
+    )
     agent_addresses: list[str] | str = Field(
         default_factory=lambda: ["127.0.0.1:18091"],
         description="AgentService addresses (host:port), comma-separated; episodes are spread "

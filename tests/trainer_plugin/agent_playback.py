@@ -9,10 +9,13 @@ and which calls the client cancelled.
 from __future__ import annotations
 
 import asyncio
+import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf import json_format
 
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
 from swerl.chassis.timeconv import duration_pb
@@ -71,6 +74,47 @@ def per_turn_records(
     return records
 
 
+# Values per token of the playback's routed experts (2 layers x top-2).
+EXPERTS_PER_TOKEN = 4
+
+
+def playback_top_p(position: int, token: int) -> list[int]:
+    """The kept top-p set the playback policy reports for a sampled token."""
+    return [token, token + 1][: 1 + position % 2]
+
+
+def playback_experts(token: int) -> list[int]:
+    """The experts the playback policy routed a token to (layer by layer, top-2 each)."""
+    return [(token + k) % 64 + 1 for k in range(EXPERTS_PER_TOKEN)]
+
+
+def asks_top_p(start: agent_pb2.EpisodeStart) -> bool:
+    params = json_format.MessageToDict(start.policy.sampling_params)
+    return bool((params.get("custom_params") or {}).get("return_top_p_token_ids"))
+
+
+def add_replay(record: agent_pb2.TokenRecord, start: agent_pb2.EpisodeStart) -> None:
+    """What the agent adds to a record when the start asks for replay data."""
+    if asks_top_p(start):
+        ids, offsets, position = [], [0], 0
+        for token, mask in zip(record.response_ids, record.loss_mask, strict=True):
+            if mask:
+                ids += playback_top_p(position, token)
+                position += 1
+            else:
+                position = 0
+            offsets.append(len(ids))
+        record.top_p_token_ids.extend(ids)
+        record.top_p_token_offsets.extend(offsets)
+    if start.policy.return_routed_experts:
+        sequence = [*record.prompt_ids, *record.response_ids][:-1]
+        values = array("i", [e for token in sequence for e in playback_experts(token)])
+        if sys.byteorder != "little":
+            values.byteswap()
+        record.routed_experts = values.tobytes()
+        record.routed_experts_per_token = EXPERTS_PER_TOKEN
+
+
 METRICS = {
     "turns": 3.0,
     "tool_calls": 2.0,
@@ -97,6 +141,8 @@ def result(
     reward: float | None = 1.0,
     shaping: list[float] | None = None,
     error_reason: str = "",
+    error_message: str = "",
+    with_replay: bool = True,
 ) -> agent_pb2.EpisodeResult:
     """The result an agent would send for `start` (honouring options.dynamic_history)."""
     ts = turns(n_turns)
@@ -107,7 +153,7 @@ def result(
         metrics=METRICS,
         artifact_dir=f"/artifacts/{start.instance.instance_id}__{start.episode_id}",
         error_reason=error_reason,
-        error_message="detail" if error_reason else "",
+        error_message=error_message or ("detail" if error_reason else ""),
     )
     if reward is not None:
         out.reward = reward
@@ -130,6 +176,10 @@ def result(
         out.trajectory.CopyFrom(trajectory(ts, shaped))
     else:
         out.trajectory.CopyFrom(agent_pb2.TokenRecord(prompt_ids=PROMPT))
+    if with_replay:
+        for record in [*out.turns, *([out.trajectory] if out.HasField("trajectory") else [])]:
+            if record.response_ids:
+                add_replay(record, start)
     return out
 
 

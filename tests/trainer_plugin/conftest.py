@@ -1,4 +1,8 @@
-"""Fixtures of the trainer-plugin tests: slime's stand-in, slime-like args, playback agents."""
+"""Fixtures of the trainer-plugin tests: a framework stand-in, its args, playback agents.
+
+The tests run against slime's stand-in (slime_standin) or miles' (miles_standin), chosen by
+SWERL_TEST_FRAMEWORK (slime by default); CI runs this folder once with each (scripts/test).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,28 @@ import copy
 import os
 from typing import Any
 
+import miles_standin
 import pytest
 import slime_standin
 
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+
+STANDINS = {"slime": slime_standin, "miles": miles_standin}
+FRAMEWORK = os.environ.get("SWERL_TEST_FRAMEWORK", "slime")
+if FRAMEWORK not in STANDINS:
+    raise RuntimeError(f"SWERL_TEST_FRAMEWORK must be one of {sorted(STANDINS)}, not {FRAMEWORK!r}")
+
 
 @pytest.fixture
-def slime(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """slime's Sample / GenerateState / DynamicFilterOutput stand-in under slime's names."""
-    slime_standin.install(monkeypatch)
+def fw(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The framework stand-in (Sample, GenerateState, DynamicFilterOutput, loggers and the
+    rollout machinery around the hooks) under the framework's own module names."""
+    standin = STANDINS[FRAMEWORK]
+    standin.install(monkeypatch)
     for name in [k for k in os.environ if k.startswith("SWERL_PLUGIN_")]:
         monkeypatch.delenv(name, raising=False)
-    return slime_standin
+    monkeypatch.delenv(miles_standin.LEGACY_ENV, raising=False)
+    return standin
 
 
 INSTANCE = {
@@ -34,9 +49,10 @@ INSTANCE = {
 }
 
 
-def make_sample(group_index: int = 0, index: int = 0, **instance: Any) -> Any:
+def make_sample(group_index: int = 0, index: int = 0, standin: Any = None, **instance: Any) -> Any:
+    """A sample of the framework under test (or of `standin`), as its data source makes it."""
     row = {**copy.deepcopy(INSTANCE), **instance}
-    return slime_standin.Sample(
+    return (standin or STANDINS[FRAMEWORK]).Sample(
         group_index=group_index,
         index=index,
         prompt=row["problem_statement"],
@@ -50,14 +66,31 @@ def make_args(addresses: list[str], **plugin: Any) -> argparse.Namespace:
     args = argparse.Namespace(
         sglang_router_ip="127.0.0.1",
         sglang_router_port=30000,
-        hf_checkpoint="/models/qwen3-8b",
+        # The frameworks' GenerateState loads its tokenizer from here.
+        hf_checkpoint=str(bundled_qwen3_tokenizer_dir()),
         rollout_max_context_len=16384,
+        rollout_max_response_len=4096,
+        rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_stop=None,
+        rollout_stop_token_ids=[151645],
+        rollout_skip_special_tokens=False,
         n_samples_per_prompt=4,
         rollout_batch_size=2,
+        global_batch_size=8,
         advantage_estimator="grpo",
         rewards_normalization=True,
         grpo_std_normalization=True,
         reward_key=None,
+        use_rollout_routing_replay=False,
+        rollout_function_path=None,
+        custom_generate_function_path=None,
+        custom_rm_path="swerl.trainer_plugin.reward_func",
+        custom_rollout_log_function_path="swerl.trainer_plugin.log_rollout_data",
+        custom_eval_rollout_log_function_path="swerl.trainer_plugin.log_eval_rollout_data",
+        dynamic_sampling_filter_path="swerl.trainer_plugin.filter_infra_failures",
+        custom_reward_post_process_path="swerl.trainer_plugin.post_process_rewards",
         swerl_agent_addresses=addresses,
         swerl_abort_poll_interval_s=0.02,
         swerl_cancel_grace_s=0.5,

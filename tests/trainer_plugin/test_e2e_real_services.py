@@ -1,9 +1,10 @@
 """generate() end to end through the real services on the local dockerd.
 
 Real agent, pool and exec nodes (in-process, loopback ports), the replay policy speaking SGLang's
-`/generate` with the bundled Qwen3 tokenizer, the bundled tasks' images. slime itself is the
-documented stand-in (slime_standin): its Sample class and its GenerateState abort flag.
-2 prompts x 4 samples, as one slime rollout batch would send them.
+`/generate` with the bundled Qwen3 tokenizer, the bundled tasks' images. The framework itself is
+the documented stand-in (slime_standin or miles_standin): its Sample class, its generation state
+(abort flag, tokenizer, sampling params) and the way it calls the hooks.
+2 prompts x 4 samples, as one rollout batch would send them.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 from agent_playback import eventually
 from conftest import SAMPLING_PARAMS, make_args
 
 from swerl.agent.replay import (
     ReplayPolicyServer,
+    replay_experts,
     replay_logprob,
+    replay_top_p,
     script_key,
     scripts_for_tasks,
 )
@@ -32,13 +36,12 @@ from swerl.pool.server import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.trainer_plugin import (
     filter_infra_failures,
-    generate,
     log_rollout_data,
     post_process_rewards,
 )
 from swerl.trainer_plugin.metrics import SEED_METRIC_KEYS, flatten
 
-pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("slime")]
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("fw")]
 
 PROMPTS = ("swerl-examples__listutils-14", "swerl-examples__romans-5")
 SAMPLES_PER_PROMPT = 4
@@ -77,14 +80,14 @@ async def real_services(
         await replay.stop()
 
 
-def rollout_batch(slime, tasks) -> list[list]:
+def rollout_batch(fw, tasks) -> list[list]:
     """slime's groups: n samples per prompt, the dataset row under metadata["instance"]."""
     groups, index = [], 0
     for group_index, task in enumerate(tasks):
         group = []
         for _ in range(SAMPLES_PER_PROMPT):
             group.append(
-                slime.Sample(
+                fw.Sample(
                     group_index=group_index,
                     index=index,
                     prompt=task.instance["problem_statement"],
@@ -96,10 +99,10 @@ def rollout_batch(slime, tasks) -> list[list]:
     return groups
 
 
-async def generate_groups(args, groups) -> list[list]:
-    """Runs every sample of every group at once, like slime's generate_and_rm_group."""
+async def generate_groups(fw, args, groups, sampling_params=SAMPLING_PARAMS) -> list[list]:
+    """Runs every sample of every group at once, like the framework's generate_and_rm_group."""
     calls = [
-        [asyncio.ensure_future(generate(args, s, dict(SAMPLING_PARAMS))) for s in group]
+        [asyncio.ensure_future(fw.generate(args, s, dict(sampling_params))) for s in group]
         for group in groups
     ]
     return [list(await asyncio.gather(*group)) for group in calls]
@@ -158,11 +161,9 @@ def policy_runs(sample) -> list[list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("per_turn", [False, True], ids=["whole-trajectory", "dynamic-history"])
-async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
-    slime, base_image, per_turn
-):
+async def test_two_prompts_times_four_samples_resolve_with_exact_samples(fw, base_image, per_turn):
     async with real_services(dynamic_history=per_turn) as env:
-        groups = await generate_groups(env.args, rollout_batch(slime, env.tasks))
+        groups = await generate_groups(fw, env.args, rollout_batch(fw, env.tasks))
         await no_sandbox_left(env.node_ids)
         scripts = scripts_for_tasks(env.tasks)
         script_tokens = [  # what the replay policy samples, turn by turn, per prompt group
@@ -175,10 +176,10 @@ async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
 
     for group in groups:
         for out in group:
-            samples = slime.check_call_result(out, per_turn=per_turn)
+            samples = fw.check_call_result(out, per_turn=per_turn)
             assert len(samples) == (4 if per_turn else 1), "the gold script has 4 turns"
             for sample in samples:
-                assert sample.status is slime.Sample.Status.COMPLETED
+                assert sample.status is fw.Sample.Status.COMPLETED
                 assert sample.reward == 1.0 and not sample.remove_sample
                 assert sample.metadata["eval_report"]["status"] == "EVALUATION_STATUS_RESOLVED_FULL"
                 assert sample.weight_versions and set(sample.weight_versions) == {"replay-1"}
@@ -201,7 +202,7 @@ async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
                     )
     # The group hooks over the batch slime would assemble.
     for group in groups:
-        assert slime.call_dynamic_filter(filter_infra_failures, env.args, group).keep
+        assert fw.call_dynamic_filter(filter_infra_failures, env.args, group).keep
     flat = flatten(groups)
     raw, rewards = post_process_rewards(env.args, flat)
     assert raw == [1.0] * len(flat) and rewards == pytest.approx([0.0] * len(flat))
@@ -211,38 +212,37 @@ async def test_two_prompts_times_four_samples_resolve_with_exact_samples(
     assert extra["agent/episodes"] == 8.0 and extra["agent/resolved_ratio"] == 1.0
 
 
-async def test_abort_flag_mid_episode_returns_every_call_within_two_seconds(slime, base_image):
-    state = slime.GenerateState(object())
+async def test_abort_flag_mid_episode_returns_every_call_within_two_seconds(fw, base_image):
     async with real_services(latency_s=1.0, dynamic_history=True) as env:
-        batch = rollout_batch(slime, env.tasks)
+        batch = rollout_batch(fw, env.tasks)
         calls = [
-            asyncio.ensure_future(generate(env.args, s, dict(SAMPLING_PARAMS)))
+            asyncio.ensure_future(fw.generate(env.args, s, dict(SAMPLING_PARAMS)))
             for group in batch
             for s in group
         ]
         # Mid-episode: every episode holds its sandbox and has asked the policy for a turn.
         await eventually(lambda: env.replay.stats.requests >= 2 * len(calls), 120.0)
         began = time.monotonic()
-        state.aborted = True
+        fw.abort(env.args)
         outs = await asyncio.wait_for(asyncio.gather(*calls), 10.0)
         took = time.monotonic() - began
         print(f"abort: {len(calls)} generate calls returned {took:.2f}s after the flag")
         assert took < 2.0, f"calls returned {took:.2f}s after the abort flag"
         await no_sandbox_left(env.node_ids)
     for out in outs:
-        samples = slime.check_call_result(out, per_turn=True)
-        assert all(s.status is slime.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
+        samples = fw.check_call_result(out, per_turn=True)
+        assert all(s.status is fw.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
         assert samples[0].metadata["cancelled_by"] == "abort"
     for group in batch:
         results = [outs[s.index] for s in group]
-        assert not slime.call_dynamic_filter(filter_infra_failures, env.args, results).keep
+        assert not fw.call_dynamic_filter(filter_infra_failures, env.args, results).keep
 
 
-async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(slime, base_image):
+async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(fw, base_image):
     async with real_services(nodes=2, latency_s=0.5, max_sandboxes=4) as env:
-        batch = rollout_batch(slime, env.tasks)
+        batch = rollout_batch(fw, env.tasks)
         calls = [
-            [asyncio.ensure_future(generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
+            [asyncio.ensure_future(fw.generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
             for group in batch
         ]
         # Mid-rollout: the episodes hold sandboxes on both nodes and are talking to the policy.
@@ -260,16 +260,16 @@ async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(
 
     placeholders, kept = 0, 0
     for group in groups:
-        samples = [slime.check_call_result(out, per_turn=False)[0] for out in group]
+        samples = [fw.check_call_result(out, per_turn=False)[0] for out in group]
         broken = [s for s in samples if s.remove_sample]
         for s in broken:
             assert s.metadata["infra_error"] is True and s.reward == 0.0
-            assert s.status is slime.Sample.Status.FAILED
+            assert s.status is fw.Sample.Status.FAILED
             assert s.metadata["error_reason"], "the cause is named"
         for s in samples:
             if not s.remove_sample:
-                assert s.status is slime.Sample.Status.COMPLETED and s.reward == 1.0
-        verdict = slime.call_dynamic_filter(filter_infra_failures, env.args, samples)
+                assert s.status is fw.Sample.Status.COMPLETED and s.reward == 1.0
+        verdict = fw.call_dynamic_filter(filter_infra_failures, env.args, samples)
         assert verdict.keep == (not broken)
         placeholders += len(broken)
         kept += verdict.keep
@@ -277,3 +277,56 @@ async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(
     extra: dict = {}
     log_rollout_data(0, env.args, flatten(groups), extra, 1.0)
     assert extra["agent/infra_error_ratio"] == pytest.approx(placeholders / 8)
+
+
+@pytest.mark.parametrize("per_turn", [False, True], ids=["whole-trajectory", "dynamic-history"])
+async def test_top_p_and_routing_replay_carry_what_the_policy_returned(fw, base_image, per_turn):
+    async with real_services(dynamic_history=per_turn) as env:
+        args = env.args
+        args.rollout_top_p = 0.9  # slime then asks SGLang for the kept top-p sets
+        args.use_rollout_routing_replay = True
+        args.num_layers, args.moe_router_topk = 2, 2  # the replay server's 4 experts per token
+        params = fw.state(args).sampling_params  # what the framework passes to generate
+        groups = await generate_groups(fw, args, rollout_batch(fw, env.tasks), params)
+        calls = list(env.replay.stats.calls)
+
+    samples = flatten(groups)
+    asked_top_p = "custom_params" in params  # slime asks; miles has no top-p replay
+    assert asked_top_p == (fw.NAME == "slime")
+    for sample in samples:
+        fw.check_sample_invariants(sample)
+        assert not sample.remove_sample and sample.reward == 1.0
+        # Routed experts: every token but the last, as the policy routed it.
+        experts = np.asarray(sample.rollout_routed_experts)
+        assert experts.shape == (len(sample.tokens) - 1, 2, 2)
+        for row, token in zip(experts, sample.tokens, strict=False):
+            assert row.reshape(-1).tolist() == replay_experts(token)
+        if not asked_top_p:
+            assert getattr(sample, "rollout_top_p_token_offsets", None) is None
+            continue
+        ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+        assert len(offsets) == sample.response_length + 1 and offsets[-1] == len(ids)
+        response = sample.tokens[len(sample.tokens) - sample.response_length :]
+        position = 0  # within the current policy call's output
+        for i, (token, mask) in enumerate(zip(response, sample.loss_mask, strict=True)):
+            kept = ids[offsets[i] : offsets[i + 1]]
+            if mask:
+                assert kept == replay_top_p(position, token), (i, token)
+                position += 1
+            else:
+                assert kept == [], "observation tokens have empty spans"
+                position = 0
+    # The framework builds train data from them without error.
+    data = fw.train_data(args, groups)
+    assert len(data["rollout_routed_experts"]) == len(samples)
+    if asked_top_p:
+        assert len(data["rollout_top_p_token_offsets"]) == len(samples)
+    # Prefix-cache affinity: one routing key per episode on every policy call.
+    episodes = {s.metadata["episode_id"] for s in samples}
+    keys = [
+        next(v for k, v in call.headers.items() if k.lower() == "x-smg-routing-key")
+        for call in calls
+    ]
+    assert set(keys) == episodes and len(episodes) == 8
+    turns_per_episode = {key: keys.count(key) for key in episodes}
+    assert set(turns_per_episode.values()) == {4}, "every turn of an episode carries its key"

@@ -22,21 +22,19 @@ from agent_playback import (
 )
 from conftest import SAMPLING_PARAMS, make_args, make_sample
 
-from swerl.trainer_plugin import generate
-
-pytestmark = pytest.mark.usefixtures("slime")
+pytestmark = pytest.mark.usefixtures("fw")
 
 
 def agent(scenario_for=lambda start: Scenario()) -> PlaybackServer:
     return PlaybackServer(PlaybackAgent(scenario_for))
 
 
-async def test_whole_trajectory_episode_becomes_one_exact_sample(slime, sampling_params):
+async def test_whole_trajectory_episode_becomes_one_exact_sample(fw, sampling_params):
     async with agent() as server:
         sample = make_sample()
-        out = await generate(make_args([server.address]), sample, sampling_params)
+        out = await fw.generate(make_args([server.address]), sample, sampling_params)
 
-    (got,) = slime.check_call_result(out, per_turn=False)
+    (got,) = fw.check_call_result(out, per_turn=False)
     ts = turns(3)
     response = [tok for t in ts for tok in t.response + t.observation]
     assert got.tokens == PROMPT + response
@@ -44,7 +42,7 @@ async def test_whole_trajectory_episode_becomes_one_exact_sample(slime, sampling
     assert got.loss_mask == [m for t in ts for m in [1] * 3 + [0] * len(t.observation)]
     expected_logprobs = [lp for t in ts for lp in t.logprobs + [0.0] * len(t.observation)]
     assert got.rollout_log_probs == pytest.approx(expected_logprobs)
-    assert got.status is slime.Sample.Status.COMPLETED
+    assert got.status is fw.Sample.Status.COMPLETED
     assert got.reward == 1.0 and not got.remove_sample
     assert got.weight_versions == ["7", "7", "7"]
     meta = got.metadata
@@ -60,13 +58,13 @@ async def test_whole_trajectory_episode_becomes_one_exact_sample(slime, sampling
 
 
 async def test_dynamic_history_gives_one_sample_per_turn_with_the_exact_context(
-    slime, sampling_params
+    fw, sampling_params
 ):
     async with agent() as server:
         args = make_args([server.address], dynamic_history=True)
-        out = await generate(args, make_sample(), sampling_params)
+        out = await fw.generate(args, make_sample(), sampling_params)
 
-    samples = slime.check_call_result(out, per_turn=True)
+    samples = fw.check_call_result(out, per_turn=True)
     assert len(samples) == 3
     ts, context = turns(3), list(PROMPT)
     for i, (got, t) in enumerate(zip(samples, ts, strict=True)):
@@ -81,17 +79,17 @@ async def test_dynamic_history_gives_one_sample_per_turn_with_the_exact_context(
 
 
 async def test_start_carries_instance_router_tokenizer_and_a_copy_of_sampling_params(
-    slime, sampling_params
+    fw, sampling_params
 ):
     async with agent() as server:
         args = make_args([server.address], prm_enabled=True, prm_m=3, prm_coef=0.2)
-        await generate(args, make_sample(), sampling_params)
+        await fw.generate(args, make_sample(), sampling_params)
         (start,) = server.agent.starts
         (metadata,) = server.agent.metadata
 
     assert sampling_params == SAMPLING_PARAMS, "sampling_params must not be mutated"
     assert start.policy.endpoint == "http://127.0.0.1:30000"
-    assert start.policy.tokenizer_path == "/models/qwen3-8b"
+    assert start.policy.tokenizer_path == args.hf_checkpoint
     params = dict(start.policy.sampling_params)
     assert params["max_new_tokens"] == 4096 and params["temperature"] == 1.0
     assert list(params["stop_token_ids"]) == [151645] and "stop" not in params
@@ -112,11 +110,11 @@ async def test_start_carries_instance_router_tokenizer_and_a_copy_of_sampling_pa
     assert metadata["x-request-id"] == start.episode_id
 
 
-async def test_explicit_image_name_wins_and_agent_token_is_sent(slime, sampling_params):
+async def test_explicit_image_name_wins_and_agent_token_is_sent(fw, sampling_params):
     async with agent() as server:
         args = make_args([server.address], agent_token="s3cret")
         sample = make_sample(image_name="swerl-examples/listutils-14:latest")
-        await generate(args, sample, sampling_params)
+        await fw.generate(args, sample, sampling_params)
         (start,) = server.agent.starts
         (metadata,) = server.agent.metadata
     assert start.instance.image_name == "swerl-examples/listutils-14:latest"
@@ -134,14 +132,14 @@ async def test_explicit_image_name_wins_and_agent_token_is_sent(slime, sampling_
 )
 @pytest.mark.parametrize("per_turn", [False, True])
 async def test_graded_statuses_map_to_slime_statuses_with_the_outcome_reward(
-    slime, sampling_params, status, slime_status, per_turn
+    fw, sampling_params, status, slime_status, per_turn
 ):
     reward = 1.0 if status == S.EPISODE_STATUS_SUBMITTED else -1.0
     async with agent(lambda start: Scenario(result=result(start, status, reward=reward))) as srv:
         args = make_args([srv.address], dynamic_history=per_turn)
-        out = await generate(args, make_sample(), sampling_params)
-    for got in slime.check_call_result(out, per_turn=per_turn):
-        assert got.status is getattr(slime.Sample.Status, slime_status)
+        out = await fw.generate(args, make_sample(), sampling_params)
+    for got in fw.check_call_result(out, per_turn=per_turn):
+        assert got.status is getattr(fw.Sample.Status, slime_status)
         assert got.reward == reward and not got.remove_sample
         assert got.metadata["outcome_reward"] == reward
 
@@ -149,23 +147,23 @@ async def test_graded_statuses_map_to_slime_statuses_with_the_outcome_reward(
 @pytest.mark.parametrize("status", [S.EPISODE_STATUS_CANCELLED, S.EPISODE_STATUS_ABORTED])
 @pytest.mark.parametrize("per_turn", [False, True])
 async def test_cancelled_and_aborted_episodes_are_aborted_samples_with_reward_zero(
-    slime, sampling_params, status, per_turn
+    fw, sampling_params, status, per_turn
 ):
     answer = lambda start: Scenario(result=result(start, status, n_turns=2, reward=None))  # noqa: E731
     async with agent(answer) as server:
         args = make_args([server.address], dynamic_history=per_turn)
-        out = await generate(args, make_sample(), sampling_params)
-    samples = slime.check_call_result(out, per_turn=per_turn)
+        out = await fw.generate(args, make_sample(), sampling_params)
+    samples = fw.check_call_result(out, per_turn=per_turn)
     assert len(samples) == (2 if per_turn else 1)
     for got in samples:
-        assert got.status is slime.Sample.Status.ABORTED
+        assert got.status is fw.Sample.Status.ABORTED
         assert got.reward == 0.0
         assert got.metadata["outcome_reward"] is None
 
 
 @pytest.mark.parametrize("per_turn", [False, True])
 async def test_infra_error_becomes_one_placeholder_marked_for_removal(
-    slime, sampling_params, per_turn
+    fw, sampling_params, per_turn
 ):
     def answer(start):
         return Scenario(
@@ -176,16 +174,16 @@ async def test_infra_error_becomes_one_placeholder_marked_for_removal(
 
     async with agent(answer) as server:
         args = make_args([server.address], dynamic_history=per_turn)
-        out = await generate(args, make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=per_turn)
+        out = await fw.generate(args, make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=per_turn)
     assert got.remove_sample and got.reward == 0.0 and got.loss_mask == [0]
-    assert got.status is slime.Sample.Status.FAILED
+    assert got.status is fw.Sample.Status.FAILED
     assert got.metadata["infra_error"] is True
     assert got.metadata["error_reason"] == "LEASE_LOST"
     assert got.metadata["episode_status"] == "INFRA_ERROR"
 
 
-async def test_prm_shaped_turn_rewards_are_the_sample_rewards(slime, sampling_params):
+async def test_prm_shaped_turn_rewards_are_the_sample_rewards(fw, sampling_params):
     shaping = [0.1, -0.2, 0.3]
 
     def answer(start):
@@ -193,153 +191,154 @@ async def test_prm_shaped_turn_rewards_are_the_sample_rewards(slime, sampling_pa
 
     async with agent(answer) as server:
         args = make_args([server.address], dynamic_history=True, prm_enabled=True)
-        out = await generate(args, make_sample(), sampling_params)
-    samples = slime.check_call_result(out, per_turn=True)
+        out = await fw.generate(args, make_sample(), sampling_params)
+    samples = fw.check_call_result(out, per_turn=True)
     assert [s.reward for s in samples] == pytest.approx([1.1, 0.8, 1.3])
     assert all(s.metadata["outcome_reward"] == 1.0 for s in samples)
 
 
 async def test_evaluation_calls_return_one_sample_per_episode_even_with_dynamic_history(
-    slime, sampling_params
+    fw, sampling_params
 ):
     async with agent() as server:
         args = make_args([server.address], dynamic_history=True)
-        out = await generate(args, make_sample(), sampling_params, evaluation=True)
+        out = await fw.generate(args, make_sample(), sampling_params, evaluation=True)
         (start,) = server.agent.starts
-    slime.check_call_result(out, per_turn=False)
+    fw.check_call_result(out, per_turn=False)
     assert not start.options.dynamic_history
-    assert start.options.owner == "slime/eval/group-0"
+    assert start.options.owner == "slime/eval/eval/sample-0"
 
 
-async def test_record_breaking_the_token_invariants_becomes_a_placeholder(slime, sampling_params):
+async def test_record_breaking_the_token_invariants_becomes_a_placeholder(fw, sampling_params):
     def answer(start):
         bad = result(start)
         del bad.trajectory.loss_mask[-1]
         return Scenario(result=bad)
 
     async with agent(answer) as server:
-        out = await generate(make_args([server.address]), make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=False)
+        out = await fw.generate(make_args([server.address]), make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=False)
     assert got.remove_sample and got.metadata["error_reason"] == "INVALID_TOKEN_RECORD"
 
 
-async def test_graded_episode_without_reward_becomes_a_placeholder(slime, sampling_params):
+async def test_graded_episode_without_reward_becomes_a_placeholder(fw, sampling_params):
     async with agent(lambda start: Scenario(result=result(start, reward=None))) as server:
-        out = await generate(make_args([server.address]), make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=False)
+        out = await fw.generate(make_args([server.address]), make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=False)
     assert got.remove_sample and got.metadata["error_reason"] == "NO_REWARD"
 
 
 async def test_metadata_without_an_instance_gives_a_placeholder_without_an_episode(
-    slime, sampling_params
+    fw, sampling_params
 ):
     async with agent() as server:
         sample = make_sample()
         sample.metadata = {"data_source": "x"}
-        out = await generate(make_args([server.address], dynamic_history=True), sample, {})
+        out = await fw.generate(make_args([server.address], dynamic_history=True), sample, {})
         assert server.agent.starts == []
-    (got,) = slime.check_call_result(out, per_turn=True)
+    (got,) = fw.check_call_result(out, per_turn=True)
     assert got.metadata["error_reason"] == "INVALID_INSTANCE"
 
 
-async def test_agent_failing_mid_episode_gives_an_infra_placeholder(slime, sampling_params):
+async def test_agent_failing_mid_episode_gives_an_infra_placeholder(fw, sampling_params):
     answer = lambda start: Scenario(abort_code=grpc.StatusCode.INTERNAL)  # noqa: E731
     async with agent(answer) as server:
-        out = await generate(make_args([server.address]), make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=False)
+        out = await fw.generate(make_args([server.address]), make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=False)
     assert got.metadata["infra_error"] and got.metadata["error_reason"] == "RPC_INTERNAL"
 
 
-async def test_stream_ending_without_result_gives_an_infra_placeholder(slime, sampling_params):
+async def test_stream_ending_without_result_gives_an_infra_placeholder(fw, sampling_params):
     async with agent(lambda start: Scenario(end_without_result=True)) as server:
-        out = await generate(make_args([server.address]), make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=False)
+        out = await fw.generate(make_args([server.address]), make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=False)
     assert got.metadata["error_reason"] == "STREAM_ENDED_WITHOUT_RESULT"
 
 
-async def test_unreachable_agent_gives_an_infra_placeholder(slime, sampling_params):
+async def test_unreachable_agent_gives_an_infra_placeholder(fw, sampling_params):
     async with agent() as server:
         dead = server.address
-    out = await generate(make_args([dead]), make_sample(), sampling_params)
-    (got,) = slime.check_call_result(out, per_turn=False)
+    out = await fw.generate(make_args([dead]), make_sample(), sampling_params)
+    (got,) = fw.check_call_result(out, per_turn=False)
     assert got.metadata["infra_error"] and got.metadata["error_reason"] == "RPC_UNAVAILABLE"
 
 
-async def test_an_unreachable_agent_is_skipped_for_the_next_address(slime, sampling_params):
+async def test_an_unreachable_agent_is_skipped_for_the_next_address(fw, sampling_params):
     async with agent() as gone:
         dead = gone.address
     async with agent() as server:
         args = make_args([dead, server.address], connect_attempts=3)
         outs = await asyncio.gather(
-            *(generate(args, make_sample(index=i), sampling_params) for i in range(4))
+            *(fw.generate(args, make_sample(index=i), sampling_params) for i in range(4))
         )
         assert len(server.agent.starts) == 4
     for out in outs:
-        (got,) = slime.check_call_result(out, per_turn=False)
+        (got,) = fw.check_call_result(out, per_turn=False)
         assert not got.remove_sample and got.metadata["agent_address"] == server.address
 
 
-async def test_concurrent_episodes_are_spread_evenly_over_the_agents(slime, sampling_params):
+async def test_concurrent_episodes_are_spread_evenly_over_the_agents(fw, sampling_params):
     slow = lambda start: Scenario(delay_before_result_s=0.3)  # noqa: E731
     async with agent(slow) as a, agent(slow) as b:
         args = make_args([a.address, b.address])
         await asyncio.gather(
-            *(generate(args, make_sample(index=i), sampling_params) for i in range(8))
+            *(fw.generate(args, make_sample(index=i), sampling_params) for i in range(8))
         )
         assert len(a.agent.starts) == 4 and len(b.agent.starts) == 4
 
 
-async def test_abort_flag_sends_cancel_and_every_call_returns_promptly(slime, sampling_params):
-    state = slime.GenerateState(object())
+@pytest.mark.parametrize("per_turn", [False, True])
+async def test_abort_flag_sends_cancel_and_every_call_returns_promptly(
+    fw, sampling_params, per_turn
+):
     async with agent(lambda start: Scenario(wait_for_cancel=True, gap_s=0.01)) as server:
-        args = make_args([server.address], dynamic_history=True)
+        args = make_args([server.address], dynamic_history=per_turn)
         calls = [
-            asyncio.ensure_future(generate(args, make_sample(index=i), sampling_params))
+            asyncio.ensure_future(fw.generate(args, make_sample(index=i), sampling_params))
             for i in range(4)
         ]
         await eventually(lambda: server.agent.active == 4)
         began = time.monotonic()
-        state.aborted = True
+        fw.abort(args)
         outs = await asyncio.gather(*calls)
         took = time.monotonic() - began
         assert len(server.agent.cancels) == 4
     assert took < 2.0
     for out in outs:
-        samples = slime.check_call_result(out, per_turn=True)
-        assert all(s.status is slime.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
+        samples = fw.check_call_result(out, per_turn=per_turn)
+        assert all(s.status is fw.Sample.Status.ABORTED and s.reward == 0.0 for s in samples)
         assert samples[0].metadata["episode_status"] == "CANCELLED"
         assert samples[0].metadata["cancelled_by"] == "abort"
 
 
-async def test_agent_ignoring_cancel_has_its_call_cancelled_after_the_grace(slime, sampling_params):
-    state = slime.GenerateState(object())
+async def test_agent_ignoring_cancel_has_its_call_cancelled_after_the_grace(fw, sampling_params):
     async with agent(lambda start: Scenario(ignore_cancel=True)) as server:
         args = make_args([server.address], cancel_grace_s=0.3)
-        call = asyncio.ensure_future(generate(args, make_sample(), sampling_params))
+        call = asyncio.ensure_future(fw.generate(args, make_sample(), sampling_params))
         await eventually(lambda: server.agent.active == 1)
-        state.aborted = True
+        fw.abort(args)
         out = await asyncio.wait_for(call, 2.0)
         await eventually(lambda: bool(server.agent.cancelled_calls))
         assert server.agent.cancelled_calls == [server.agent.starts[0].episode_id]
-    (got,) = slime.check_call_result(out, per_turn=False)
-    assert got.status is slime.Sample.Status.ABORTED and got.remove_sample
+    (got,) = fw.check_call_result(out, per_turn=False)
+    assert got.status is fw.Sample.Status.ABORTED and got.remove_sample
     assert got.metadata["error_reason"] == "CANCEL_UNANSWERED"
 
 
-async def test_overall_deadline_cancels_the_episode(slime, sampling_params):
+async def test_overall_deadline_cancels_the_episode(fw, sampling_params):
     async with agent(lambda start: Scenario(wait_for_cancel=True)) as server:
         args = make_args([server.address], episode_deadline_s=0.3)
-        out = await asyncio.wait_for(generate(args, make_sample(), sampling_params), 3.0)
+        out = await asyncio.wait_for(fw.generate(args, make_sample(), sampling_params), 3.0)
         assert len(server.agent.cancels) == 1
-    (got,) = slime.check_call_result(out, per_turn=False)
-    assert got.status is slime.Sample.Status.ABORTED and got.reward == 0.0
+    (got,) = fw.check_call_result(out, per_turn=False)
+    assert got.status is fw.Sample.Status.ABORTED and got.reward == 0.0
     assert got.metadata["cancelled_by"] == "deadline"
 
 
-async def test_cancelled_generate_task_cancels_the_stream(slime, sampling_params):
+async def test_cancelled_generate_task_cancels_the_stream(fw, sampling_params):
     async with agent(lambda start: Scenario(ignore_cancel=True)) as server:
         call = asyncio.ensure_future(
-            generate(make_args([server.address]), make_sample(), sampling_params)
+            fw.generate(make_args([server.address]), make_sample(), sampling_params)
         )
         await eventually(lambda: server.agent.active == 1)
         call.cancel()
@@ -349,12 +348,11 @@ async def test_cancelled_generate_task_cancels_the_stream(slime, sampling_params
         assert len(server.agent.cancelled_calls) == 1
 
 
-async def test_response_text_is_decoded_with_the_tokenizer_slime_loaded(slime, sampling_params):
-    class Tokenizer:
-        def decode(self, ids):
-            return " ".join(map(str, ids))
-
-    slime.GenerateState(object(), tokenizer=Tokenizer())
+async def test_response_text_is_decoded_with_the_tokenizer_the_framework_loaded(
+    fw, sampling_params
+):
     async with agent() as server:
-        out = await generate(make_args([server.address]), make_sample(), sampling_params)
-    assert out.response.startswith("1000 1001 1002 2000")
+        args = make_args([server.address])
+        out = await fw.generate(args, make_sample(), sampling_params)
+    response = out.tokens[len(out.tokens) - out.response_length :]
+    assert out.response and out.response == fw.state(args).tokenizer.decode(response)

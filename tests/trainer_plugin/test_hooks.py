@@ -27,7 +27,7 @@ def test_generate_has_the_parameter_names_slime_checks():
 
 def test_reward_func_is_async_and_takes_a_sample_or_a_list_plus_kwargs():
     sig = inspect.signature(plugin.reward_func)
-    assert list(sig.parameters)[:2] == ["args", "sample_or_samples"]
+    assert list(sig.parameters)[:2] == ["args", "sample"]
     assert sig.parameters["kwargs"].kind is inspect.Parameter.VAR_KEYWORD
     assert inspect.iscoroutinefunction(plugin.reward_func)
 
@@ -45,19 +45,30 @@ def test_sync_hooks_have_slimes_signatures():
     assert list(filt.parameters)[:2] == ["args", "samples"]
     assert filt.parameters["kwargs"].kind is inspect.Parameter.VAR_KEYWORD
     assert list(inspect.signature(plugin.post_process_rewards).parameters) == ["args", "samples"]
+    eval_log = inspect.signature(plugin.log_eval_rollout_data)
+    assert list(eval_log.parameters) == ["rollout_id", "args", "data", "extra_metrics"]
     for hook in (
         plugin.log_rollout_data,
+        plugin.log_eval_rollout_data,
         plugin.filter_infra_failures,
         plugin.post_process_rewards,
     ):
         assert not inspect.iscoroutinefunction(hook)
 
 
-def test_importing_the_plugin_imports_no_slime_docker_or_transformers():
+def test_miles_generate_takes_miles_generate_fn_input():
+    # miles' class-based rollout passes a GenerateFnInput to a generate function whose first
+    # parameter is named `input`, and anything else through its legacy adapter (no state).
+    assert list(inspect.signature(plugin.miles_generate).parameters) == ["input"]
+    assert inspect.iscoroutinefunction(plugin.miles_generate)
+
+
+def test_importing_the_plugin_imports_no_framework_docker_transformers_or_numpy():
     code = (
         "import sys, swerl.trainer_plugin;"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('slime', 'docker', 'transformers', 'torch', 'tokenizers', 'swebench', 'ray')];"
+        "('slime', 'miles', 'docker', 'transformers', 'torch', 'tokenizers', 'swebench', 'ray',"
+        " 'numpy')];"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -67,7 +78,7 @@ def test_importing_the_plugin_imports_no_slime_docker_or_transformers():
 # -- reward_func ---------------------------------------------------------------------------
 
 
-async def test_reward_func_answers_a_sample_with_a_value_and_a_list_with_a_list(slime):
+async def test_reward_func_answers_a_sample_with_a_value_and_a_list_with_a_list(fw):
     done = make_sample()
     done.reward = -1.0
     stored = make_sample()
@@ -80,34 +91,34 @@ async def test_reward_func_answers_a_sample_with_a_value_and_a_list_with_a_list(
 # -- dynamic-sampling filter -----------------------------------------------------------------
 
 
-def _finished(slime, group_index, index, reward, *, rollout_id=None, **meta):
+def _finished(fw, group_index, index, reward, *, rollout_id=None, **meta):
     sample = make_sample(group_index, index)
     sample.reward = reward
-    sample.status = slime.Sample.Status.COMPLETED
+    sample.status = fw.Sample.Status.COMPLETED
     sample.rollout_id = rollout_id or f"ep-{group_index}-{index}"
     sample.metadata.update({"rollout_id": sample.rollout_id, "infra_error": False, **meta})
     return sample
 
 
-def test_filter_keeps_a_clean_group_and_returns_slimes_own_output_type(slime):
-    group = [_finished(slime, 0, i, float(i % 2)) for i in range(4)]
-    out = slime.call_dynamic_filter(plugin.filter_infra_failures, None, group)
-    assert isinstance(out, slime.DynamicFilterOutput)
+def test_filter_keeps_a_clean_group_and_returns_slimes_own_output_type(fw):
+    group = [_finished(fw, 0, i, float(i % 2)) for i in range(4)]
+    out = fw.call_dynamic_filter(plugin.filter_infra_failures, None, group)
+    assert isinstance(out, fw.DynamicFilterOutput)
     assert out.keep is True and out.reason is None
 
 
-def test_filter_drops_a_group_holding_an_infra_placeholder(slime):
-    group = [_finished(slime, 0, i, 1.0) for i in range(3)]
-    broken = _finished(slime, 0, 3, 0.0, infra_error=True)
+def test_filter_drops_a_group_holding_an_infra_placeholder(fw):
+    group = [_finished(fw, 0, i, 1.0) for i in range(3)]
+    broken = _finished(fw, 0, 3, 0.0, infra_error=True)
     broken.remove_sample = True
-    out = slime.call_dynamic_filter(plugin.filter_infra_failures, None, [*group, broken])
+    out = fw.call_dynamic_filter(plugin.filter_infra_failures, None, [*group, broken])
     assert out.keep is False and out.reason == "swerl_infra_error"
 
 
-def test_filter_flattens_per_turn_lists_and_drops_aborted_episodes(slime):
-    clean = [[_finished(slime, 0, i, 1.0, rollout_id=f"e{i}") for _ in range(3)] for i in range(3)]
-    aborted = [_finished(slime, 0, 3, 0.0, rollout_id="e3")]
-    aborted[0].status = slime.Sample.Status.ABORTED
+def test_filter_flattens_per_turn_lists_and_drops_aborted_episodes(fw):
+    clean = [[_finished(fw, 0, i, 1.0, rollout_id=f"e{i}") for _ in range(3)] for i in range(3)]
+    aborted = [_finished(fw, 0, 3, 0.0, rollout_id="e3")]
+    aborted[0].status = fw.Sample.Status.ABORTED
     assert plugin.filter_infra_failures(None, clean).keep is True
     out = plugin.filter_infra_failures(None, [*clean, aborted])
     assert out.keep is False and out.reason == "swerl_aborted"
@@ -148,19 +159,19 @@ def _slime_default(rewards, n):
     return out
 
 
-def test_post_process_equals_slimes_default_with_one_sample_per_episode(slime):
+def test_post_process_equals_slimes_default_with_one_sample_per_episode(fw):
     rewards = [1.0, -1.0, -1.0, 1.0, 1.0, 1.0, -1.0, -1.0]
-    samples = [_finished(slime, i // 4, i % 4, r) for i, r in enumerate(rewards)]
+    samples = [_finished(fw, i // 4, i % 4, r) for i, r in enumerate(rewards)]
     raw, normalised = plugin.post_process_rewards(_grpo_args(), samples)
     assert raw == rewards
     assert normalised == pytest.approx(_slime_default(rewards, 4))
 
 
-def test_post_process_counts_every_episode_once_however_many_turns_it_has(slime):
+def test_post_process_counts_every_episode_once_however_many_turns_it_has(fw):
     # Group 0: a 5-turn solved episode and three 1-turn failures. Counting turns would give a
     # mean of (5 - 3) / 8 = 0.25; counting episodes gives (1 - 3) / 4 = -0.5.
-    solved = [_finished(slime, 0, 0, 1.0, rollout_id="win") for _ in range(5)]
-    failed = [_finished(slime, 0, i, -1.0) for i in (1, 2, 3)]
+    solved = [_finished(fw, 0, 0, 1.0, rollout_id="win") for _ in range(5)]
+    failed = [_finished(fw, 0, i, -1.0) for i in (1, 2, 3)]
     samples = [*solved, *failed]
     raw, normalised = plugin.post_process_rewards(_grpo_args(grpo_std_normalization=False), samples)
     assert len(raw) == len(normalised) == 8
@@ -170,16 +181,16 @@ def test_post_process_counts_every_episode_once_however_many_turns_it_has(slime)
     assert with_std == pytest.approx([1.5 / (std + 1e-6)] * 5 + [-0.5 / (std + 1e-6)] * 3)
 
 
-def test_post_process_normalises_each_prompt_group_on_its_own(slime):
-    samples = [_finished(slime, 0, i, r) for i, r in enumerate([1.0, 1.0, 1.0, -1.0])]
-    samples += [_finished(slime, 1, i, r) for i, r in enumerate([-1.0, -1.0, -1.0, -1.0])]
+def test_post_process_normalises_each_prompt_group_on_its_own(fw):
+    samples = [_finished(fw, 0, i, r) for i, r in enumerate([1.0, 1.0, 1.0, -1.0])]
+    samples += [_finished(fw, 1, i, r) for i, r in enumerate([-1.0, -1.0, -1.0, -1.0])]
     _, normalised = plugin.post_process_rewards(_grpo_args(grpo_std_normalization=False), samples)
     assert normalised == pytest.approx([0.5, 0.5, 0.5, -1.5, 0, 0, 0, 0])
 
 
-def test_post_process_leaves_placeholders_out_of_the_statistics(slime):
-    samples = [_finished(slime, 0, i, r) for i, r in enumerate([1.0, -1.0, 1.0])]
-    placeholder = _finished(slime, 0, 3, 0.0, infra_error=True)
+def test_post_process_leaves_placeholders_out_of_the_statistics(fw):
+    samples = [_finished(fw, 0, i, r) for i, r in enumerate([1.0, -1.0, 1.0])]
+    placeholder = _finished(fw, 0, 3, 0.0, infra_error=True)
     placeholder.remove_sample = True
     raw, normalised = plugin.post_process_rewards(
         _grpo_args(grpo_std_normalization=False), [*samples, placeholder]
@@ -191,8 +202,8 @@ def test_post_process_leaves_placeholders_out_of_the_statistics(slime):
 @pytest.mark.parametrize(
     "overrides", [{"advantage_estimator": "ppo"}, {"rewards_normalization": False}]
 )
-def test_post_process_passes_raw_rewards_through_when_slime_would(slime, overrides):
-    samples = [_finished(slime, 0, i, r) for i, r in enumerate([1.0, -1.0])]
+def test_post_process_passes_raw_rewards_through_when_slime_would(fw, overrides):
+    samples = [_finished(fw, 0, i, r) for i, r in enumerate([1.0, -1.0])]
     raw, rewards = plugin.post_process_rewards(_grpo_args(**overrides), samples)
     assert raw == rewards == [1.0, -1.0]
 
@@ -218,8 +229,8 @@ FULL = {
 }
 
 
-def test_metrics_emit_every_seed_key_for_a_batch_of_episodes(slime):
-    samples = [_finished(slime, 0, i, 1.0, agent_metrics=dict(FULL)) for i in range(3)]
+def test_metrics_emit_every_seed_key_for_a_batch_of_episodes(fw):
+    samples = [_finished(fw, 0, i, 1.0, agent_metrics=dict(FULL)) for i in range(3)]
     extra: dict = {}
     keep_default_logging = plugin.log_rollout_data(7, None, samples, extra, 12.0)
     assert keep_default_logging is False
@@ -228,11 +239,11 @@ def test_metrics_emit_every_seed_key_for_a_batch_of_episodes(slime):
     assert extra["agent/total_time_max"] == 4.5 and extra["agent/episodes"] == 3.0
 
 
-def test_metrics_skip_episodes_that_lack_a_key(slime):
+def test_metrics_skip_episodes_that_lack_a_key(fw):
     totals_only = {"eval_time": 42.0, "agent_run_time": 480.0, "total_time": 560.0}
     samples = [
-        _finished(slime, 0, 0, 1.0, agent_metrics=dict(FULL)),
-        _finished(slime, 0, 1, -1.0, agent_metrics=totals_only),
+        _finished(fw, 0, 0, 1.0, agent_metrics=dict(FULL)),
+        _finished(fw, 0, 1, -1.0, agent_metrics=totals_only),
     ]
     out = metrics.agent_metrics(samples)
     assert out["agent/turns_mean"] == 4.0 and out["agent/turns_sum"] == 4.0
@@ -242,21 +253,21 @@ def test_metrics_skip_episodes_that_lack_a_key(slime):
     assert "agent/turns_mean" not in only_totals and "agent/model_time_ratio" not in only_totals
 
 
-def test_metrics_count_a_per_turn_episode_once(slime):
+def test_metrics_count_a_per_turn_episode_once(fw):
     one_episode = [
-        _finished(slime, 0, 0, 1.0, rollout_id="ep", agent_metrics=dict(FULL)) for _ in range(4)
+        _finished(fw, 0, 0, 1.0, rollout_id="ep", agent_metrics=dict(FULL)) for _ in range(4)
     ]
-    other = _finished(slime, 0, 1, -1.0, agent_metrics={**FULL, "turns": 2.0})
+    other = _finished(fw, 0, 1, -1.0, agent_metrics={**FULL, "turns": 2.0})
     out = metrics.agent_metrics([one_episode, [other]])
     assert out["agent/turns_sum"] == 6.0 and out["agent/episodes"] == 2.0
 
 
-def test_metrics_tell_infra_failures_from_unresolved_episodes(slime):
+def test_metrics_tell_infra_failures_from_unresolved_episodes(fw):
     samples = [
-        _finished(slime, 0, 0, 1.0, episode_status="SUBMITTED", outcome_reward=1.0),
-        _finished(slime, 0, 1, -1.0, episode_status="LIMIT_TURNS", outcome_reward=-1.0),
-        _finished(slime, 0, 2, 0.0, episode_status="INFRA_ERROR", infra_error=True),
-        _finished(slime, 0, 3, 0.0, episode_status="CANCELLED"),
+        _finished(fw, 0, 0, 1.0, episode_status="SUBMITTED", outcome_reward=1.0),
+        _finished(fw, 0, 1, -1.0, episode_status="LIMIT_TURNS", outcome_reward=-1.0),
+        _finished(fw, 0, 2, 0.0, episode_status="INFRA_ERROR", infra_error=True),
+        _finished(fw, 0, 3, 0.0, episode_status="CANCELLED"),
     ]
     out = metrics.agent_metrics(samples)
     assert out["agent/infra_error_ratio"] == 0.25 and out["agent/aborted_ratio"] == 0.25

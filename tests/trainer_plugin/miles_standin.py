@@ -1,0 +1,338 @@
+"""A field-compatible STAND-IN of the miles pieces the plugin touches — not miles itself.
+
+Mirrors radixark/miles at commit 31f1ca961a94cb860cec3b2dea34ec332bfa8f76 (2026-08-21), the
+framework of the swe-agent example swerl replaces. miles keeps slime's layout under the package
+name `miles.` but has moved on in places the plugin meets:
+
+- `miles.utils.types.Sample`: no top-p replay fields; `routing_key` instead of `session_id`;
+  `rollout_routed_experts` as a numpy array; `get_reward_value(args)` reads `args.reward_key`;
+- two rollouts. The default, class-based one
+  (`miles.rollout.inference_rollout.inference_rollout_common`) keeps a plain `GenerateState`
+  (not a singleton) and calls a generate function whose first parameter is named `input` with
+  `miles.rollout.base_types.GenerateFnInput(state, sample, sampling_params, evaluation)`,
+  expecting a `GenerateFnOutput`; any other generate function goes through an adapter that
+  passes `(args, sample, sampling_params[, evaluation])` and no state. The legacy one
+  (`MILES_USE_LEGACY_ROLLOUT_V1=1`) keeps slime's `GenerateState` singleton in
+  `miles.rollout.sglang_rollout`;
+- `miles.rollout.filter_hub.base_types.DynamicFilterOutput(keep, reason)` (no
+  keep_when_insufficient) and `call_dynamic_filter`;
+- `miles.utils.tracking_utils.tracking.log` and `miles.utils.metric_utils.compute_rollout_step`.
+
+The module-level functions drive the hooks the way miles' rollout does; their names and
+behaviour match slime_standin's, so the same tests run against either.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import os
+import sys
+import types
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import standin_common
+from standin_common import LOGGED, declares_evaluation, load_function
+
+NAME = "miles"
+LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+GENERATE_HOOK = "swerl.trainer_plugin.miles_generate"
+LEGACY_GENERATE_HOOK = "swerl.trainer_plugin.generate"
+NORMALISED = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+
+
+@dataclass
+class Sample:
+    """Stand-in of miles.utils.types.Sample (training-relevant fields only)."""
+
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | None = None
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: Any = None
+    remove_sample: bool = False
+    teacher_log_probs: list[float] | None = None
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    status: Status = Status.PENDING
+    metadata: dict = field(default_factory=dict)
+    generate_function_path: str | None = None
+    train_metadata: dict | None = None
+    routing_key: str | None = None
+    non_generation_time: float = 0.0
+
+    def get_reward_value(self, args: Any) -> Any:
+        key = args.reward_key
+        return self.reward[key] if key else self.reward
+
+
+class SingletonMeta(type):
+    """Stand-in of miles.utils.misc.SingletonMeta."""
+
+    _instances: dict[type, Any] = {}
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls not in cls._instances:
+            cls._instances[cls] = super().__call__(*args, **kwargs)
+        return cls._instances[cls]
+
+
+def _sampling_params(args: Any) -> dict[str, Any]:
+    # miles builds these without slime's top-p replay request.
+    return {
+        "temperature": args.rollout_temperature,
+        "top_p": args.rollout_top_p,
+        "top_k": args.rollout_top_k,
+        "max_new_tokens": args.rollout_max_response_len,
+        "stop": args.rollout_stop,
+        "stop_token_ids": args.rollout_stop_token_ids,
+        "skip_special_tokens": args.rollout_skip_special_tokens,
+        "no_stop_trim": True,
+        "spaces_between_special_tokens": False,
+    }
+
+
+class GenerateState:
+    """Stand-in of the class-based rollout's GenerateState: one per rollout function object."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.tokenizer = standin_common.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
+        self.sampling_params = _sampling_params(args)
+        self.reset()
+
+    def reset(self) -> None:
+        self.aborted = False
+
+
+class LegacyGenerateState(metaclass=SingletonMeta):
+    """Stand-in of miles.rollout.sglang_rollout.GenerateState (the legacy rollout's singleton)."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.tokenizer = standin_common.load_tokenizer(args.hf_checkpoint, trust_remote_code=True)
+        self.sampling_params = _sampling_params(args)
+        self.reset()
+
+    def reset(self) -> None:
+        self.aborted = False
+
+
+@dataclass(frozen=True)
+class GenerateFnInput:
+    state: Any
+    sample: Any
+    sampling_params: dict[str, Any]
+    evaluation: bool
+
+    @property
+    def args(self) -> Any:
+        return self.state.args
+
+
+@dataclass(frozen=True)
+class GenerateFnOutput:
+    samples: Any
+
+
+@dataclass
+class DynamicFilterOutput:
+    """Stand-in of miles.rollout.filter_hub.base_types.DynamicFilterOutput."""
+
+    keep: bool
+    reason: str | None = None
+
+
+def call_dynamic_filter(fn: Any, *args: Any, **kwargs: Any) -> DynamicFilterOutput:
+    if fn is None:
+        return DynamicFilterOutput(keep=True)
+    output = fn(*args, **kwargs)
+    if not isinstance(output, DynamicFilterOutput):
+        output = DynamicFilterOutput(keep=output)
+    return output
+
+
+_rollout_state: dict[str, Any] = {}
+
+
+def install(monkeypatch: Any) -> None:
+    """Puts the stand-in under miles' module names for the duration of a test."""
+    names = (
+        "miles",
+        "miles.utils",
+        "miles.utils.types",
+        "miles.utils.misc",
+        "miles.utils.processing_utils",
+        "miles.utils.metric_utils",
+        "miles.utils.tracking_utils",
+        "miles.utils.tracking_utils.tracking",
+        "miles.rollout",
+        "miles.rollout.base_types",
+        "miles.rollout.sglang_rollout",
+        "miles.rollout.inference_rollout",
+        "miles.rollout.inference_rollout.inference_rollout_common",
+        "miles.rollout.filter_hub",
+        "miles.rollout.filter_hub.base_types",
+    )
+    modules = {name: types.ModuleType(name) for name in names}
+    for name, module in modules.items():
+        if "." in name:
+            parent, _, child = name.rpartition(".")
+            setattr(modules[parent], child, module)
+        else:
+            module.__path__ = []
+    modules["miles.utils.types"].Sample = Sample
+    modules["miles.utils.misc"].SingletonMeta = SingletonMeta
+    modules["miles.utils.misc"].load_function = load_function
+    modules["miles.utils.processing_utils"].load_tokenizer = standin_common.load_tokenizer
+    modules["miles.utils.metric_utils"].compute_rollout_step = standin_common.compute_rollout_step
+    modules["miles.utils.tracking_utils.tracking"].log = standin_common.log
+    base_types = modules["miles.rollout.base_types"]
+    base_types.GenerateFnInput = GenerateFnInput
+    base_types.GenerateFnOutput = GenerateFnOutput
+    modules["miles.rollout.sglang_rollout"].GenerateState = LegacyGenerateState
+    common = modules["miles.rollout.inference_rollout.inference_rollout_common"]
+    common.GenerateState = GenerateState
+    filters = modules["miles.rollout.filter_hub.base_types"]
+    filters.DynamicFilterOutput = DynamicFilterOutput
+    filters.call_dynamic_filter = call_dynamic_filter
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(SingletonMeta, "_instances", {})
+    _rollout_state.clear()
+    LOGGED.clear()
+
+
+def check_sample_invariants(sample: Any) -> None:
+    standin_common.check_sample_invariants(Sample, sample)
+
+
+def check_call_result(result: Any, *, per_turn: bool) -> list[Sample]:
+    return standin_common.check_call_result(Sample, result, per_turn=per_turn)
+
+
+# -- miles' rollout machinery around the hooks ----------------------------------------------
+
+
+def legacy() -> bool:
+    return os.environ.get(LEGACY_ENV, "") not in ("", "0")
+
+
+def state(args: Any) -> Any:
+    """The generation state of the running rollout: the class-based rollout function's own
+    (created once with the rollout function), or the legacy singleton."""
+    if legacy():
+        return LegacyGenerateState(args)
+    current = _rollout_state.get("state")
+    if current is None or current.args is not args:
+        current = _rollout_state["state"] = GenerateState(args)
+    return current
+
+
+def abort(args: Any) -> None:
+    """What miles does at the end of a rollout: set the abort flag of its state."""
+    state(args).aborted = True
+
+
+async def generate(
+    args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Any:
+    """miles' call of the custom generate function. The class-based rollout deep-copies the
+    sampling params into a GenerateFnInput for a function whose first parameter is `input`,
+    and goes through its legacy adapter (args, no state) for any other."""
+    current = state(args)
+    default = LEGACY_GENERATE_HOOK if legacy() else GENERATE_HOOK
+    fn = load_function(getattr(args, "custom_generate_function_path", None) or default)
+    if legacy() or next(iter(inspect.signature(fn).parameters)) != "input":
+        if declares_evaluation(fn):
+            return await fn(args, sample, sampling_params, evaluation=evaluation)
+        return await fn(args, sample, sampling_params)
+    fn_input = GenerateFnInput(current, sample, copy.deepcopy(sampling_params), evaluation)
+    output = await fn(fn_input)
+    assert isinstance(output, GenerateFnOutput), type(output)
+    return output.samples
+
+
+def filter_group(args: Any, group: list[Any]) -> DynamicFilterOutput:
+    return call_dynamic_filter(load_function(args.dynamic_sampling_filter_path), args, group)
+
+
+def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:
+    """miles' conversion of a rollout's groups into train data, as far as the plugin's fields
+    go (miles has no top-p replay; routed experts are numpy arrays)."""
+    samples = list(groups)
+    while samples and isinstance(samples[0], list):
+        samples = list(itertools.chain.from_iterable(samples))
+    hook = load_function(getattr(args, "custom_reward_post_process_path", None))
+    assert hook is not None, "the plugin's tests always set the post-process hook"
+    raw, rewards = hook(args, samples)
+    assert len(raw) == len(samples) and len(rewards) == len(samples)
+    data: dict[str, Any] = {
+        "tokens": [s.tokens for s in samples],
+        "rewards": rewards,
+        "raw_reward": raw,
+        "loss_masks": [
+            [0] * s.response_length if s.remove_sample else s.loss_mask for s in samples
+        ],
+    }
+    for s in samples:
+        assert len(s.loss_mask) == s.response_length
+    if samples[0].rollout_routed_experts is not None:
+        import numpy as np
+
+        for s in samples:
+            array = np.asarray(s.rollout_routed_experts)
+            assert array.shape == (len(s.tokens) - 1, args.num_layers, args.moe_router_topk)
+        data["rollout_routed_experts"] = [s.rollout_routed_experts for s in samples]
+    return data
+
+
+def log_rollout(
+    args: Any, rollout_id: int, samples: list[Any], metrics: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    hook = load_function(getattr(args, "custom_rollout_log_function_path", None))
+    if hook is not None and hook(rollout_id, args, samples, metrics, 1.0):
+        return None
+    log_dict = {
+        **(metrics or {}),
+        "rollout/step": standin_common.compute_rollout_step(args, rollout_id),
+    }
+    standin_common.log(args, log_dict, step_key="rollout/step")
+    return log_dict
+
+
+def log_eval(
+    args: Any, rollout_id: int, data: dict[str, Any], extra: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """miles' eval logger: the custom hook first; then the mean reward, a None reward counted
+    as 0.0 and reported as `eval/<dataset>-none_reward_ratio`."""
+    hook = load_function(getattr(args, "custom_eval_rollout_log_function_path", None))
+    if hook is not None and hook(rollout_id, args, data, extra):
+        return None
+    log_dict = extra or {}
+    for key, entry in data.items():
+        rewards = entry["rewards"]
+        nones = sum(r is None for r in rewards)
+        log_dict[f"eval/{key}-none_reward_ratio"] = nones / len(rewards) if rewards else 0.0
+        rewards = [0.0 if r is None else r for r in rewards]
+        log_dict[f"eval/{key}"] = sum(rewards) / len(rewards) if rewards else 0.0
+    log_dict["eval/step"] = standin_common.compute_rollout_step(args, rollout_id)
+    standin_common.log(args, log_dict, step_key="eval/step")
+    return log_dict

@@ -1,0 +1,90 @@
+"""What the two framework stand-ins (slime_standin, miles_standin) share: the checks of what the
+trainer asserts or silently depends on (SLIME_CONTRACT.md), the tokenizer loader, the metrics
+logger, and the hook loader. Written for swerl's tests; no framework code is copied.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+# What the frameworks' loggers were asked to log: (step_key, metrics) per call.
+LOGGED: list[tuple[str, dict[str, Any]]] = []
+
+_tokenizers: dict[str, Any] = {}
+
+
+def load_tokenizer(path: str, **_: Any) -> Any:
+    """The frameworks' tokenizer loader: the HF tokenizer in `path` (cached per path, as the
+    frameworks load it once per process through their GenerateState)."""
+    if path not in _tokenizers:
+        from transformers import AutoTokenizer
+
+        _tokenizers[path] = AutoTokenizer.from_pretrained(path)
+    return _tokenizers[path]
+
+
+def log(args: Any, metrics: dict[str, Any], step_key: str) -> None:
+    """The frameworks' metrics logger (wandb / tensorboard): records, and needs the step."""
+    assert step_key in metrics, f"{step_key} missing from {sorted(metrics)}"
+    LOGGED.append((step_key, dict(metrics)))
+
+
+def compute_rollout_step(args: Any, rollout_id: int) -> int:
+    if getattr(args, "wandb_always_use_train_step", False):
+        per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
+        return rollout_id * per_rollout // args.global_batch_size
+    return rollout_id
+
+
+def load_function(path: str | None) -> Any:
+    """Both frameworks' `load_function`: a dotted path to an attribute."""
+    if not path:
+        return None
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def declares_evaluation(fn: Any) -> bool:
+    return "evaluation" in inspect.signature(fn).parameters
+
+
+def check_sample_invariants(sample_cls: type, sample: Any) -> None:
+    """What the trainer asserts or relies on, for one returned sample."""
+    assert isinstance(sample, sample_cls), type(sample)
+    prompt_len = len(sample.tokens) - sample.response_length
+    assert prompt_len >= 1, "prompt must have at least one token"
+    assert sample.response_length >= 1, "response must have at least one token"
+    assert sample.loss_mask is not None and len(sample.loss_mask) == sample.response_length
+    assert sample.rollout_log_probs is not None
+    assert len(sample.rollout_log_probs) == sample.response_length
+    assert set(sample.loss_mask) <= {0, 1}
+    for mask, logprob in zip(sample.loss_mask, sample.rollout_log_probs, strict=True):
+        if mask == 0:
+            assert logprob == 0.0, "masked tokens carry logprob 0.0"
+        assert isinstance(logprob, float)
+    assert sample.reward is not None, "every returned sample needs a reward"
+    status = sample_cls.Status
+    assert sample.status in (status.COMPLETED, status.TRUNCATED, status.ABORTED, status.FAILED)
+    if sample.remove_sample:
+        assert sample.reward == 0.0 and set(sample.loss_mask) == {0}
+    assert isinstance(sample.rollout_id, int), "an int rollout_id on every sample"
+    assert sample.metadata.get("rollout_id") == sample.rollout_id
+    for key in ("agent_metrics", "eval_report", "episode_status", "patch", "artifact_dir"):
+        assert key in sample.metadata, key
+
+
+def check_call_result(sample_cls: type, result: Any, *, per_turn: bool) -> list[Any]:
+    """A generate return value: always a list in dynamic mode, one Sample otherwise; siblings
+    share rollout_id. Returns the samples."""
+    if per_turn:
+        assert isinstance(result, list) and result, result
+        samples = result
+        assert len({s.rollout_id for s in samples}) == 1, "siblings share rollout_id"
+    else:
+        assert isinstance(result, sample_cls), type(result)
+        samples = [result]
+    for sample in samples:
+        check_sample_invariants(sample_cls, sample)
+    return samples
