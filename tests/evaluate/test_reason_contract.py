@@ -28,7 +28,8 @@ EXEC_CODE = [
     ROOT / "swerl" / "chassis" / "capability.py",
 ]
 # Upper-case words in proto comments that are not reasons: SWE-bench columns, an env variable.
-NOT_REASONS = frozenset({"FAIL_TO_PASS", "PASS_TO_PASS", "TQDM_DISABLE"})
+# Column and environment-variable names that proto comments mention beside reasons.
+NOT_REASONS = frozenset({"FAIL_TO_PASS", "PASS_TO_PASS", "TQDM_DISABLE", "PIP_INDEX_URL"})
 GRPC_CODES = frozenset(code.name for code in grpc.StatusCode)
 _WORD = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 _REASON = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from aiohttp import web
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 from web_testkit import TOKENIZER_DIR, console_errors, run_episode, start_message
 
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
@@ -117,9 +118,14 @@ def _watch_dashboard(browser, url: str, token: str, screenshots, done) -> dict:
     assert browser.find_element(By.ID, "login").is_displayed()
     browser.find_element(By.ID, "token").send_keys("not-the-token")
     browser.find_element(By.ID, "sign-in").click()
-    assert browser.find_element(By.ID, "login-error").text == "wrong token"
+    # The sign-in form posts and the answer is a new page: wait for it, not for the old one.
+    refusal = WebDriverWait(browser, 30).until(
+        lambda b: b.find_elements(By.ID, "login-error") or None
+    )
+    assert refusal[0].text == "wrong token"
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "sign-in").click()
+    WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.ID, "nodes") or None)
     # Until signed in, the page itself answered 401 (twice: no token, wrong token); reading the
     # log empties it, so what follows counts only the signed-in page.
     refused = console_errors(browser)
