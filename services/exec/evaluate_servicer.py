@@ -13,7 +13,7 @@ from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.sweinstance import instance_from_pb
 
 # Domain values <-> contract enums, spelled out so a rename on either side fails at import
-# (and in tests/evaluate/test_enum_tables.py), not in the middle of an evaluation.
+# (and in tests/evaluate/test_evaluate_enum_tables.py), not in the middle of an evaluation.
 STATUS_TO_PB: Mapping[str, pb.EvaluationStatus] = {
     "RESOLVED_FULL": pb.EVALUATION_STATUS_RESOLVED_FULL,
     "RESOLVED_PARTIAL": pb.EVALUATION_STATUS_RESOLVED_PARTIAL,
