@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# GRPO training of a Qwen3-8B-class model on SWE tasks with slime and swerl.
+# GRPO training of a Qwen3-8B-class model on SWE tasks with slime (or miles) and swerl.
 #
-# Runs on the head node of a Ray cluster inside slime's image (with `pip install swerl` added):
+# Runs on the head node of a Ray cluster inside the framework's image (with `pip install swerl`
+# added). FRAMEWORK=miles runs miles' train.py from MILES_DIR instead of slime's (the hooks are
+# the same; under miles' default class-based rollout generate is swerl.trainer_plugin.miles_generate).
+# A restarted job resumes: --load is the --save directory (slime and miles fall back to the
+# reference weights only while it holds no checkpoint yet).
 #   1. starts the head-node services (pool, agent, optionally PRM) — as a Ray actor owned by the
 #      training job (SERVICES_MODE=ray-actor, the default: they stop with the job) or as
 #      background processes stopped when this script exits (SERVICES_MODE=processes);
@@ -19,7 +23,13 @@ set -euo pipefail
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"
 
 # -- where things are ---------------------------------------------------------------------------
-SLIME_DIR=${SLIME_DIR:-/root/slime}
+FRAMEWORK=${FRAMEWORK:-slime}               # slime | miles
+case "${FRAMEWORK}" in
+  slime) FRAMEWORK_DIR=${SLIME_DIR:-/root/slime} ;;
+  miles) FRAMEWORK_DIR=${MILES_DIR:-/root/miles} ;;
+  *) echo "FRAMEWORK must be slime or miles" >&2; exit 2 ;;
+esac
+MODEL_TYPE=${MODEL_TYPE:-qwen3-8B}          # the framework's scripts/models/<MODEL_TYPE>.sh (.py)
 MEGATRON_DIR=${MEGATRON_DIR:-/root/Megatron-LM}
 HF_CHECKPOINT=${HF_CHECKPOINT:-/root/Qwen3-8B}
 REF_LOAD=${REF_LOAD:-/root/Qwen3-8B_torch_dist}
@@ -55,6 +65,12 @@ RESPONSE_LEN=${RESPONSE_LEN:-4096}
 N_SAMPLES=${N_SAMPLES:-8}
 ROLLOUT_BATCH=${ROLLOUT_BATCH:-8}
 MAX_TURNS=${MAX_TURNS:-50}
+TEMPERATURE=${TEMPERATURE:-1.0}
+KL_COEF=${KL_COEF:-0.0}
+TP_SIZE=${TP_SIZE:-2}                       # tensor parallel size of training
+ENGINE_GPUS=${ENGINE_GPUS:-2}               # GPUs per SGLang engine
+MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-${CONTEXT_LEN}}
+SAVE_INTERVAL=${SAVE_INTERVAL:-20}
 
 SERVICES=pool,agent
 [[ "${WITH_PRM}" == 1 ]] && SERVICES=pool,prm,agent
@@ -81,6 +97,7 @@ PLUGIN_ENV=(
   "SWERL_PLUGIN_DYNAMIC_HISTORY=$([[ ${DYNAMIC_HISTORY} == 1 ]] && echo true || echo false)"
   "SWERL_PLUGIN_PRM_ENABLED=$([[ ${WITH_PRM} == 1 ]] && echo true || echo false)"
   "SWERL_PLUGIN_ARTIFACT_DIR=${ARTIFACT_DIR}"
+  "SWERL_PLUGIN_FRAMEWORK=${FRAMEWORK}"
 )
 
 # The same settings as slime custom-config keys (swerl_*; they win over the env vars). Limits live
@@ -97,40 +114,62 @@ swerl_prm_m: 3
 swerl_prm_coef: 0.2
 YAML
 
-# -- slime arguments ----------------------------------------------------------------------------
-# shellcheck disable=SC1091
-source "${SLIME_DIR}/scripts/models/qwen3-8B.sh"   # MODEL_ARGS of the 8B architecture
+# -- framework arguments ------------------------------------------------------------------------
+# MODEL_ARGS of the architecture: slime's scripts/models/*.sh, or miles' newer *.py model scripts.
+MODELS_DIR="${FRAMEWORK_DIR}/scripts/models"
+if [[ -f "${MODELS_DIR}/${MODEL_TYPE}.sh" ]]; then
+  # shellcheck disable=SC1090
+  source "${MODELS_DIR}/${MODEL_TYPE}.sh"
+elif [[ -f "${MODELS_DIR}/${MODEL_TYPE}.py" ]]; then
+  model_args=$(PYTHONPATH="${FRAMEWORK_DIR}" python3 -c \
+    'import sys; from miles.utils.external_utils.model_args_utils import load_model_args
+print(load_model_args(sys.argv[1]))' "${MODEL_TYPE}")
+  read -r -a MODEL_ARGS <<<"${model_args}"
+else
+  echo "no model arguments for ${MODEL_TYPE} in ${MODELS_DIR}" >&2
+  exit 2
+fi
 
-CKPT_ARGS=(--hf-checkpoint "${HF_CHECKPOINT}" --ref-load "${REF_LOAD}" --save "${SAVE_DIR}"
-  --save-interval 20)
+# --load = --save: a restarted job resumes from its last checkpoint instead of starting over.
+CKPT_ARGS=(--hf-checkpoint "${HF_CHECKPOINT}" --ref-load "${REF_LOAD}" --load "${SAVE_DIR}"
+  --save "${SAVE_DIR}" --save-interval "${SAVE_INTERVAL}")
 ROLLOUT_ARGS=(
   --prompt-data "${PROMPT_DATA}" --input-key text --metadata-key metadata --rollout-shuffle
   --num-rollout 3000 --rollout-batch-size "${ROLLOUT_BATCH}" --n-samples-per-prompt "${N_SAMPLES}"
   --rollout-max-context-len "${CONTEXT_LEN}" --rollout-max-response-len "${RESPONSE_LEN}"
-  --rollout-temperature 1.0 --global-batch-size $((ROLLOUT_BATCH * N_SAMPLES))
+  --rollout-temperature "${TEMPERATURE}" --global-batch-size $((ROLLOUT_BATCH * N_SAMPLES))
+  --balance-data
   # Groups with infra failures are dropped and resampled: ask for a few more than needed.
   --over-sampling-batch-size $((ROLLOUT_BATCH + ROLLOUT_BATCH / 2))
 )
-GRPO_ARGS=(--advantage-estimator grpo --use-kl-loss --kl-loss-coef 0.0 --kl-loss-type low_var_kl
+GRPO_ARGS=(--advantage-estimator grpo --use-kl-loss --kl-loss-coef "${KL_COEF}" --kl-loss-type low_var_kl
   --entropy-coef 0.0 --eps-clip 0.2 --eps-clip-high 0.28)
 OPTIMIZER_ARGS=(--optimizer adam --lr 1e-6 --lr-decay-style constant --weight-decay 0.1
   --adam-beta1 0.9 --adam-beta2 0.98)
-PERF_ARGS=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1
+PERF_ARGS=(--tensor-model-parallel-size "${TP_SIZE}" --pipeline-model-parallel-size 1
   --context-parallel-size 1 --sequence-parallel --recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size
-  --max-tokens-per-gpu "${CONTEXT_LEN}")
-SGLANG_ARGS=(--rollout-num-gpus-per-engine 2 --sglang-mem-fraction-static 0.7)
+  --max-tokens-per-gpu "${MAX_TOKENS_PER_GPU}")
+SGLANG_ARGS=(--rollout-num-gpus-per-engine "${ENGINE_GPUS}" --sglang-mem-fraction-static 0.7)
 MISC_ARGS=(--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
   --attention-softmax-in-fp32 --attention-backend flash)
+# miles' default rollout hands its abort flag only to generate functions taking `input`.
+GENERATE_HOOK=swerl.trainer_plugin.generate
+if [[ "${FRAMEWORK}" == miles && "${MILES_USE_LEGACY_ROLLOUT_V1:-0}" == 0 ]]; then
+  GENERATE_HOOK=swerl.trainer_plugin.miles_generate
+elif [[ "${FRAMEWORK}" == miles ]]; then
+  PLUGIN_ENV+=("MILES_USE_LEGACY_ROLLOUT_V1=${MILES_USE_LEGACY_ROLLOUT_V1}")
+fi
 SWERL_ARGS=(
-  --custom-generate-function-path swerl.trainer_plugin.generate
+  --custom-generate-function-path "${GENERATE_HOOK}"
   --custom-rm-path swerl.trainer_plugin.reward_func
   --custom-rollout-log-function-path swerl.trainer_plugin.log_rollout_data
+  --custom-eval-rollout-log-function-path swerl.trainer_plugin.log_eval_rollout_data
   --dynamic-sampling-filter-path swerl.trainer_plugin.filter_infra_failures
   --custom-reward-post-process-path swerl.trainer_plugin.post_process_rewards
   --custom-config-path "${PLUGIN_CONFIG}"
 )
-TRAIN=(python3 "${SLIME_DIR}/train.py" --actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_GPUS}"
+TRAIN=(python3 "${FRAMEWORK_DIR}/train.py" --actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_GPUS}"
   --colocate "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${GRPO_ARGS[@]}"
   "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}" "${MISC_ARGS[@]}" "${SWERL_ARGS[@]}")
 
@@ -149,7 +188,7 @@ env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
 print(json.dumps({"env_vars": env}))
 PY
 }
-export RUNTIME_PYTHONPATH="${MEGATRON_DIR}:${SLIME_DIR}"
+export RUNTIME_PYTHONPATH="${MEGATRON_DIR}:${FRAMEWORK_DIR}"
 
 # -- head-node services and the job -------------------------------------------------------------
 read -r -a NODES <<<"${EXEC_NODES}"

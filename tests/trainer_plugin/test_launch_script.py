@@ -1,9 +1,11 @@
-"""deploy/slime/run-qwen3-8b-grpo.sh: what it submits to Ray and how settings reach the plugin.
+"""deploy/slime's launch scripts: what they submit to Ray and how settings reach the plugin.
 
-Ray and slime are not installable here, so the script runs with a recording `ray` executable
-first on PATH and a minimal slime checkout (only the model-args file it sources). What the
-script hands to `ray job submit` is then checked: slime's arguments, the hooks, and the
-settings that the plugin reads inside slime's RolloutManager (runtime env + custom config).
+Ray, slime and miles are not installable here, so the scripts run with a recording `ray`
+executable first on PATH (a dry run: nothing is started) and minimal framework checkouts (only
+the model-args files they read: slime's `.sh`, miles' newer `.py` with its loader). What a
+script hands to `ray job submit` is then checked: the framework's arguments, the hooks, resuming
+(`--load` = `--save`), and the settings the plugin reads inside the RolloutManager (runtime env
++ custom config).
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ from swerl.trainer_plugin.settings import settings_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy/slime/run-qwen3-8b-grpo.sh"
+SEED_SCRIPT = ROOT / "deploy/slime/run-qwen3-4b-instruct-grpo.sh"
+SCRIPTS = sorted((ROOT / "deploy/slime").glob("*.sh"))
+
+# A miles checkout's model-args loader, as far as the scripts use it: scripts/models/<type>.py
+# declares model_args() -> str.
+MILES_LOADER = """
+import importlib.util, pathlib
+
+def load_model_args(model_type):
+    root = pathlib.Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("m", root / "scripts/models" / f"{model_type}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return " ".join(module.model_args().split())
+"""
 
 # Records its arguments; with PROBE set ("name=host:port ..."), also whether each server there
 # is SERVING at the moment the job is submitted.
@@ -40,20 +57,40 @@ PY
 """
 
 
-def run_script(tmp_path: Path, **env: str) -> list[list[str]]:
+def fake_checkouts(tmp_path: Path) -> tuple[Path, Path]:
+    """slime with .sh model args; miles with .py model args and its loader."""
+    slime = tmp_path / "slime"
+    (slime / "scripts/models").mkdir(parents=True)
+    (slime / "scripts/models/qwen3-8B.sh").write_text("MODEL_ARGS=(--num-layers 36)\n")
+    (slime / "scripts/models/qwen3-4B-Instruct-2507.sh").write_text(
+        "MODEL_ARGS=(--num-layers 36 --hidden-size 2560)\n"
+    )
+    miles = tmp_path / "miles"
+    (miles / "scripts/models").mkdir(parents=True)
+    (miles / "scripts/models/qwen3-4B-Instruct-2507.py").write_text(
+        "def model_args():\n    return '--num-layers 36\\n --hidden-size 2560'\n"
+    )
+    loader = miles / "miles/utils/external_utils"
+    loader.mkdir(parents=True)
+    for package in (miles / "miles", miles / "miles/utils", loader):
+        (package / "__init__.py").write_text("")
+    (loader / "model_args_utils.py").write_text(MILES_LOADER)
+    return slime, miles
+
+
+def run_script(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ray").write_text(RECORDING_RAY)
     (bin_dir / "ray").chmod(0o755)
-    slime = tmp_path / "slime"
-    (slime / "scripts/models").mkdir(parents=True)
-    (slime / "scripts/models/qwen3-8B.sh").write_text("MODEL_ARGS=(--num-layers 36)\n")
+    slime, miles = fake_checkouts(tmp_path)
     calls = tmp_path / "ray-calls.jsonl"
     values = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "RAY_CALLS": str(calls),
         "HEAD_SERVICES": str(ROOT / "deploy/slime/head_services.py"),
         "SLIME_DIR": str(slime),
+        "MILES_DIR": str(miles),
         "LOG_DIR": str(tmp_path / "logs"),
         "START_RAY": "0",
         "HEAD_IP": "10.0.0.1",
@@ -62,12 +99,12 @@ def run_script(tmp_path: Path, **env: str) -> list[list[str]]:
         "EXEC_NODES": "n1=10.0.0.11:5000 n2=10.0.0.12:5000",
         **env,
     }
-    subprocess.run(["bash", str(SCRIPT)], env=values, check=True, capture_output=True, timeout=180)
+    subprocess.run(["bash", str(script)], env=values, check=True, capture_output=True, timeout=180)
     return [json.loads(line) for line in calls.read_text().splitlines()]
 
 
-def run_script_argv(tmp_path: Path, **env: str) -> list[list[str]]:
-    return [record["argv"] for record in run_script(tmp_path, **env)]
+def run_script_argv(tmp_path: Path, script: Path = SCRIPT, **env: str) -> list[list[str]]:
+    return [record["argv"] for record in run_script(tmp_path, script, **env)]
 
 
 def _submit_parts(call: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -89,10 +126,12 @@ def test_the_job_runs_slime_grpo_with_the_seed_arguments_and_every_swerl_hook(tm
     assert _flag(train, "--rollout-max-response-len") == "4096"
     assert _flag(train, "--n-samples-per-prompt") == "8"
     assert _flag(train, "--num-layers") == "36", "the Qwen3-8B model args are sourced"
+    assert _flag(train, "--load") == _flag(train, "--save"), "a restarted job resumes"
     hooks = {
         "--custom-generate-function-path": "swerl.trainer_plugin.generate",
         "--custom-rm-path": "swerl.trainer_plugin.reward_func",
         "--custom-rollout-log-function-path": "swerl.trainer_plugin.log_rollout_data",
+        "--custom-eval-rollout-log-function-path": "swerl.trainer_plugin.log_eval_rollout_data",
         "--dynamic-sampling-filter-path": "swerl.trainer_plugin.filter_infra_failures",
         "--custom-reward-post-process-path": "swerl.trainer_plugin.post_process_rewards",
     }
@@ -179,3 +218,53 @@ def test_processes_mode_serves_pool_and_agent_during_the_job_and_stops_them_afte
     for port in ports.values():  # the script's exit stopped them
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still served"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_every_launch_script_parses(script):
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("framework", "generate_hook"),
+    [("miles", "swerl.trainer_plugin.miles_generate"), ("slime", "swerl.trainer_plugin.generate")],
+)
+def test_the_seed_setup_trains_qwen3_4b_instruct_under_miles_or_slime(
+    tmp_path, framework, generate_hook
+):
+    env = {"SERVICES_MODE": "external"}
+    if framework == "slime":
+        env["FRAMEWORK"] = "slime"  # miles is the default of the seed script
+    (call,) = run_script_argv(tmp_path, SEED_SCRIPT, **env)
+    runtime_env, train = _submit_parts(call)
+    assert train[1] == str(tmp_path / framework / "train.py")
+    assert runtime_env["PYTHONPATH"].endswith(str(tmp_path / framework))
+    assert runtime_env["SWERL_PLUGIN_FRAMEWORK"] == framework
+    assert _flag(train, "--custom-generate-function-path") == generate_hook
+    assert _flag(train, "--hidden-size") == "2560", "the 4B-Instruct model args"
+    assert _flag(train, "--hf-checkpoint") == "/root/Qwen3-4B-Instruct-2507"
+    assert _flag(train, "--load") == _flag(train, "--save") == "/root/Qwen3-4B-Instruct-2507_swerl"
+    # The seed's run: 4 GPUs, TP 2, one GPU per engine, 8 x 8 samples, temperature 0.8.
+    assert _flag(train, "--actor-num-gpus-per-node") == "4"
+    assert _flag(train, "--tensor-model-parallel-size") == "2"
+    assert _flag(train, "--rollout-num-gpus-per-engine") == "1"
+    assert _flag(train, "--rollout-batch-size") == _flag(train, "--n-samples-per-prompt") == "8"
+    assert _flag(train, "--global-batch-size") == "64"
+    assert _flag(train, "--rollout-temperature") == "0.8"
+    assert _flag(train, "--rollout-max-response-len") == "8192"
+    assert _flag(train, "--kl-loss-coef") == "0.01"
+
+
+def test_miles_legacy_rollout_keeps_the_slime_style_hook_and_passes_its_switch_on(tmp_path):
+    (call,) = run_script_argv(
+        tmp_path, SEED_SCRIPT, SERVICES_MODE="external", MILES_USE_LEGACY_ROLLOUT_V1="1"
+    )
+    runtime_env, train = _submit_parts(call)
+    assert _flag(train, "--custom-generate-function-path") == "swerl.trainer_plugin.generate"
+    assert runtime_env["MILES_USE_LEGACY_ROLLOUT_V1"] == "1"
+
+
+def test_an_unknown_framework_is_refused(tmp_path):
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        run_script_argv(tmp_path, FRAMEWORK="verl", SERVICES_MODE="external")
+    assert b"FRAMEWORK must be slime or miles" in failed.value.stderr
