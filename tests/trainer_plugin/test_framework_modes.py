@@ -243,7 +243,6 @@ async def test_slime_fully_async_with_dynamic_history_is_refused_at_the_first_ge
                 await fw.generate(args, make_sample(), sampling_params)
             assert server.agent.starts == []
         # Whole trajectories go through it (one Sample per entry, as it sorts by .index).
-        args.swerl_dynamic_history = False
         args = make_args([server.address])
         args.rollout_function_path = (
             "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
