@@ -6,11 +6,12 @@ per turn: the exact prompt the policy saw that turn and that turn's response; al
 episode share `rollout_id`. Every sample has `tokens == prompt + response`, `len(loss_mask) ==
 len(rollout_log_probs) == response_length >= 1`, a prompt of at least one token, and a reward.
 
-Status mapping: SUBMITTED → COMPLETED; LIMIT_* → TRUNCATED; CANCELLED / ABORTED → ABORTED with
-reward 0.0 (slime computes no reward for ABORTED samples but the trainer needs one); INFRA_ERROR,
-and any outcome without a usable trajectory or reward → one placeholder with
-`remove_sample=True`, reward 0.0, `loss_mask=[0]` and `metadata["infra_error"] = True`, for the
-dynamic-sampling filter to drop its group. Infra failures are never scored as wrong answers.
+Status mapping: SUBMITTED and SANDBOX_BROKEN (the policy broke its sandbox, reward -1) →
+COMPLETED; LIMIT_* → TRUNCATED; CANCELLED / ABORTED → ABORTED with reward 0.0 (slime computes no
+reward for ABORTED samples but the trainer needs one); INFRA_ERROR, and any outcome without a
+usable trajectory or reward → one placeholder with `remove_sample=True`, reward 0.0,
+`loss_mask=[0]` and `metadata["infra_error"] = True`, for the dynamic-sampling filter to drop its
+group. Infra failures are never scored as wrong answers.
 
 Replay (replay.py): with top-p replay every sample, placeholders included, carries
 `rollout_top_p_token_ids/offsets` (the records' own, or empty spans); with routing replay every
@@ -43,6 +44,8 @@ _SLIME_STATUS = {
     S.EPISODE_STATUS_LIMIT_TIME: "TRUNCATED",
     S.EPISODE_STATUS_CANCELLED: "ABORTED",
     S.EPISODE_STATUS_ABORTED: "ABORTED",
+    # The policy's own command broke its sandbox: a failed attempt (reward -1), trained on.
+    S.EPISODE_STATUS_SANDBOX_BROKEN: "COMPLETED",
 }
 
 # Metadata keys the plugin writes on every sample (the filter, metrics and post-process read

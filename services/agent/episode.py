@@ -4,7 +4,13 @@
 callback and returns the final message (`RunEpisodeResponse.result`). Everything that goes wrong
 after the start ends in a result, never an exception: infrastructure failures are INFRA_ERROR
 with no reward, `cancel()` ends the episode CANCELLED (the running policy call and command are
-abandoned, the sandbox released), a policy abort ends it ABORTED. CPU work (rendering,
+abandoned, the sandbox released), a policy abort ends it ABORTED.
+
+Blame when a sandbox breaks: a command of the policy that kills its own shell or every process
+of the sandbox is an ordinary turn (the observation says the command was killed by a signal;
+the exec node starts the sandbox again and the next observation says so). A sandbox that cannot
+be started again ends the episode SANDBOX_BROKEN (reward -1, the policy's doing) when the
+policy's previous command ended killed by a signal, INFRA_ERROR otherwise. CPU work (rendering,
 tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
 hundreds of episodes share one event loop.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
@@ -33,7 +40,7 @@ from swerl.agent.modes import ContextExhausted, Policy
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import PolicyUnavailable
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
-from swerl.agent.sandbox import SandboxHandle, SandboxProvider
+from swerl.agent.sandbox import SANDBOX_NOT_RUNNING, SandboxHandle, SandboxProvider
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.tokens import TokenRecordData
 from swerl.agent.v1 import agent_pb2 as pb
@@ -43,6 +50,35 @@ from swerl.exec.v1 import evaluate_pb2
 
 T = TypeVar("T")
 _OUTPUT_HEAD_CHARS = 1000
+_RESTARTED_NOTE = (
+    "[The sandbox's processes had all died (a command killed them), so it was started again"
+    " before this command: files are kept; background processes, the shell's variables and"
+    " its working directory are gone.]\n"
+)
+
+
+class SandboxBroken(Exception):
+    """The policy's own command broke its sandbox beyond repair (ends SANDBOX_BROKEN)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def killed_by(exit_code: int, timed_out: bool) -> int | None:
+    """The signal that ended a command (exit code 128+N by the shell's convention); None for
+    an ordinary exit or a timeout (the node's own kill)."""
+    if timed_out or not 128 < exit_code < 128 + 65:
+        return None
+    return exit_code - 128
+
+
+def _killed_note(signum: int) -> str:
+    try:
+        name = f" ({signal.Signals(signum).name})"
+    except ValueError:
+        name = ""
+    return f"[The command, or the shell running it, was killed by signal {signum}{name}.]\n"
 
 
 @dataclass(frozen=True)
@@ -134,6 +170,9 @@ class Episode:
         self._prm_tasks: list[asyncio.Task[None]] = []
         self._work: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
+        # The policy's last command ended killed by a signal: a sandbox found dead after it is
+        # the policy's doing.
+        self._last_killed = False
 
     @property
     def graded(self) -> bool:
@@ -159,6 +198,8 @@ class Episode:
             if self._cancel_reason is None:
                 raise  # the whole call was cancelled: nothing to return
             self._end(EpisodeStatus.CANCELLED, "CANCELLED", self._cancel_reason)
+        except SandboxBroken as err:
+            self._end(EpisodeStatus.SANDBOX_BROKEN, "SANDBOX_BROKEN", err.message)
         except EpisodeInfraError as err:
             self._end(EpisodeStatus.INFRA_ERROR, err.reason, err.message)
         except PolicyUnavailable as err:
@@ -166,7 +207,9 @@ class Episode:
         finally:
             for task in self._prm_tasks:
                 task.cancel()
-        if not self.graded or self.report is None:
+        if self.status is EpisodeStatus.SANDBOX_BROKEN:
+            self.reward = -1.0  # a failed attempt: the policy broke what it was to fix
+        elif not self.graded or self.report is None:
             self.reward = None
         return await self._result()
 
@@ -291,14 +334,23 @@ class Episode:
             return pb.EpisodeTurn(format_error=True)
         env = {**config.env, **spec.env}
         started = time.monotonic()
-        result = await sandbox.run(
-            action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
-        )
+        try:
+            result = await sandbox.run(
+                action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
+            )
+        except EpisodeInfraError as err:
+            step.update(action=action.command, sandbox_lost=err.message[:500])
+            if err.reason == SANDBOX_NOT_RUNNING and self._last_killed:
+                raise SandboxBroken(err.message) from err
+            raise
         exec_s = time.monotonic() - started
         self.clock.env_s += exec_s
         self.tool_calls += 1
         output = result.output.decode(errors="replace")
         submitted = submission(output, result.exit_code)
+        signum = killed_by(result.exit_code, result.timed_out)
+        restarted = bool(getattr(result, "sandbox_restarted", False))
+        self._last_killed = signum is not None
         step.update(
             action=action.command,
             exit_code=result.exit_code,
@@ -306,6 +358,8 @@ class Episode:
             exec_s=round(exec_s, 4),
             output_bytes=len(result.output),
         )
+        if restarted:
+            step["sandbox_restarted"] = True
         turn = pb.EpisodeTurn(
             action=action.command,
             exit_code=result.exit_code,
@@ -319,11 +373,14 @@ class Episode:
             self.submission = submitted
             self.messages.append({"role": "user", "content": output})
         else:
+            notes = (_RESTARTED_NOTE if restarted else "") + (
+                _killed_note(signum) if signum is not None else ""
+            )
             observation = await self._cpu(
                 lambda: render_observation(
                     config,
                     exit_code=result.exit_code,
-                    output=output,
+                    output=notes + output,
                     timed_out=result.timed_out,
                     timeout_s=spec.command_timeout_s,
                     turns_left=turns_left,

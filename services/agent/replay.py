@@ -114,6 +114,17 @@ def wrong_script(wrong_patch: str | None) -> list[str]:
     return [_bash("Looking around.", "ls"), change, submit_turn()]
 
 
+def destructive_script() -> list[str]:
+    """Commands a policy does emit while it explores: kill every process of the sandbox (its
+    own shell included), look again (the sandbox was started again, files kept), submit."""
+    return [
+        _bash("Let me note where I am.", "pwd > /tmp/where && ls"),
+        _bash("Something is stuck; killing everything.", "kill -9 -1"),
+        _bash("Did that help?", "cat /tmp/where && ls"),
+        submit_turn(),
+    ]
+
+
 def script_key(problem_statement: str) -> str:
     """How a script finds its prompt: the problem statement's first non-empty line."""
     for line in problem_statement.splitlines():
@@ -123,7 +134,8 @@ def script_key(problem_statement: str) -> str:
 
 
 def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, list[str]]:
-    """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not."""
+    """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not,
+    `destructive` kills every process of its sandbox and submits nothing."""
     scripts = {}
     for task in tasks:
         key = script_key(task.instance["problem_statement"])
@@ -131,6 +143,8 @@ def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, 
             scripts[key] = gold_script(task.gold_patch)
         elif variant == "wrong":
             scripts[key] = wrong_script(task.wrong_patch)
+        elif variant == "destructive":
+            scripts[key] = destructive_script()
         else:
             raise ValueError(f"unknown script variant {variant!r}")
     return scripts

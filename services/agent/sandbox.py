@@ -56,6 +56,10 @@ class SandboxProvider(Protocol):
     ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]: ...
 
 
+# The exec node's reason for a sandbox whose container stopped and could not be started again.
+SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
+
+
 def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
     reason, _ = error_info(err)
     return EpisodeInfraError(
@@ -83,6 +87,8 @@ class _PoolHandle:
                 self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd
             )
         except grpc.aio.AioRpcError as err:
+            if error_info(err)[0] == SANDBOX_NOT_RUNNING:  # the episode decides whose doing
+                raise EpisodeInfraError(SANDBOX_NOT_RUNNING, err.details() or "") from err
             raise _infra(err, "Exec") from err
 
     async def diff(self) -> bytes:

@@ -13,6 +13,9 @@ class EpisodeStatus(enum.Enum):
     CANCELLED = "cancelled"  # a `cancel` message (or the agent shutting down)
     ABORTED = "aborted"  # the policy server aborted a generation
     INFRA_ERROR = "infra_error"  # sandbox, policy or grading infrastructure failed
+    # The policy's own command killed what its sandbox runs on and the sandbox could not be
+    # started again: the policy's doing, scored like a failed attempt (reward -1, not graded).
+    SANDBOX_BROKEN = "sandbox_broken"
 
     @property
     def graded(self) -> bool:

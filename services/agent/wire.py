@@ -18,6 +18,7 @@ EPISODE_STATUS_PB: dict[EpisodeStatus, pb.EpisodeStatus] = {
     EpisodeStatus.CANCELLED: pb.EPISODE_STATUS_CANCELLED,
     EpisodeStatus.ABORTED: pb.EPISODE_STATUS_ABORTED,
     EpisodeStatus.INFRA_ERROR: pb.EPISODE_STATUS_INFRA_ERROR,
+    EpisodeStatus.SANDBOX_BROKEN: pb.EPISODE_STATUS_SANDBOX_BROKEN,
 }
 
 STEP_SCORE_STATE_PB: dict[StepScoreState, pb.StepScoreState] = {
