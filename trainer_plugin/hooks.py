@@ -282,8 +282,9 @@ def filter_infra_failures(args: Any, samples: Any, **kwargs: Any) -> Any:
 
 
 def post_process_rewards(args: Any, samples: Any) -> tuple[list[float], list[float]]:
-    """Group normalisation per prompt group with each episode counted once (see rewards.py)."""
-    return rewards.normalise(args, samples)
+    """Group normalisation per prompt group with each episode counted once (see rewards.py),
+    for the estimators the framework in use normalises."""
+    return rewards.normalise(args, samples, framework.find(plugin_settings(args).framework))
 
 
 # -- building the start request ------------------------------------------------------------

@@ -14,10 +14,12 @@ returns one sample per turn, and long episodes would outweigh short ones in the 
   like torch's default);
 - samples marked `remove_sample` (placeholders) take no part in the statistics and get 0.0.
 
-The normalisation applies to the estimators slime normalises (grpo, gspo, cispo: centred and
-divided by the std; reinforce_plus_plus_baseline: centred only) when `rewards_normalization` is
-on; otherwise raw rewards pass through, as in slime. With one sample per episode and whole
-groups this is exactly slime's own computation.
+The normalisation applies to the estimators the framework in use normalises when
+`rewards_normalization` is on; otherwise raw rewards pass through, as in the framework. slime:
+grpo, gspo and cispo centred and divided by the std, reinforce_plus_plus_baseline centred only;
+miles (which has no cispo branch in its post-process): grpo and gspo divided by the std,
+reinforce_plus_plus_baseline centred, cispo passed through raw. With one sample per episode and
+whole groups this is exactly the framework's own computation.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from typing import Any
 
 from swerl.trainer_plugin.metrics import episode_key, flatten
 
-NORMALISED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
-STD_ESTIMATORS = ("grpo", "gspo", "cispo")
+# Per framework: (estimators normalised at all, estimators also divided by the std).
+ESTIMATORS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "slime": (("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"), ("grpo", "gspo", "cispo")),
+    "miles": (("grpo", "gspo", "reinforce_plus_plus_baseline"), ("grpo", "gspo")),
+}
 EPSILON = 1e-6
 
 
@@ -46,14 +51,17 @@ def reward_value(args: Any, sample: Any) -> float:
     return float(reward)
 
 
-def normalise(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
-    """(raw_rewards, rewards) for slime's flattened samples, both as long as `samples`."""
+def normalise(
+    args: Any, samples: Sequence[Any], framework: str = "slime"
+) -> tuple[list[float], list[float]]:
+    """(raw_rewards, rewards) for the framework's flattened samples, both as long as `samples`."""
     flat = flatten(samples)
     raw = [reward_value(args, s) for s in flat]
     estimator = getattr(args, "advantage_estimator", "grpo")
-    if estimator not in NORMALISED_ESTIMATORS or not getattr(args, "rewards_normalization", True):
+    normalised, std_divided = ESTIMATORS[framework]
+    if estimator not in normalised or not getattr(args, "rewards_normalization", True):
         return raw, list(raw)
-    divide_by_std = estimator in STD_ESTIMATORS and getattr(args, "grpo_std_normalization", True)
+    divide_by_std = estimator in std_divided and getattr(args, "grpo_std_normalization", True)
 
     groups: dict[Any, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, sample in enumerate(flat):

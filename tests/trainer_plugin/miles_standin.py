@@ -41,7 +41,9 @@ NAME = "miles"
 LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 GENERATE_HOOK = "swerl.trainer_plugin.miles_generate"
 LEGACY_GENERATE_HOOK = "swerl.trainer_plugin.generate"
+# miles' _post_process_rewards: no cispo branch (slime added one later).
 NORMALISED = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+STD_DIVIDED = ("grpo", "gspo")
 
 
 @dataclass
@@ -272,6 +274,11 @@ async def generate(
 
 def filter_group(args: Any, group: list[Any]) -> DynamicFilterOutput:
     return call_dynamic_filter(load_function(args.dynamic_sampling_filter_path), args, group)
+
+
+def default_post_process(args: Any, samples: list[Any]) -> tuple[list[float], list[float]]:
+    """miles' own reward post-process (_post_process_rewards without a hook)."""
+    return standin_common.group_post_process(args, samples, NORMALISED, STD_DIVIDED)
 
 
 def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:

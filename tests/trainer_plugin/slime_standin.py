@@ -26,7 +26,6 @@ and eval loggers with their custom-hook protocol.
 from __future__ import annotations
 
 import itertools
-import math
 import sys
 import types
 from dataclasses import dataclass, field
@@ -217,29 +216,8 @@ def filter_group(args: Any, group: list[Any]) -> DynamicFilterOutput:
 
 
 def default_post_process(args: Any, samples: list[Any]) -> tuple[list[float], list[float]]:
-    """slime's own reward post-process (RolloutManager._post_process_rewards without a hook):
-    rows of n_samples_per_prompt when the batch is complete, else one row; the mean of each
-    row subtracted; divided by (unbiased std + 1e-6) for the std estimators."""
-    raw = [s.get_reward_value(args) for s in samples]
-    if args.advantage_estimator not in NORMALISED or not args.rewards_normalization:
-        return raw, raw
-    width = args.n_samples_per_prompt
-    if len(raw) != width * args.rollout_batch_size:
-        width = len(raw)
-    out: list[float] = []
-    for start in range(0, len(raw), width):
-        row = raw[start : start + width]
-        mean = sum(row) / len(row)
-        centred = [r - mean for r in row]
-        if args.advantage_estimator in STD_DIVIDED and args.grpo_std_normalization:
-            std = (
-                math.sqrt(sum(c * c for c in centred) / (len(row) - 1))
-                if len(row) > 1
-                else math.nan
-            )
-            centred = [c / (std + 1e-6) for c in centred]
-        out.extend(centred)
-    return raw, out
+    """slime's own reward post-process (RolloutManager._post_process_rewards without a hook)."""
+    return standin_common.group_post_process(args, samples, NORMALISED, STD_DIVIDED)
 
 
 def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from typing import Any
 
 # What the frameworks' loggers were asked to log: (step_key, metrics) per call.
@@ -88,3 +89,31 @@ def check_call_result(sample_cls: type, result: Any, *, per_turn: bool) -> list[
     for sample in samples:
         check_sample_invariants(sample_cls, sample)
     return samples
+
+
+def group_post_process(
+    args: Any, samples: list[Any], normalised: tuple[str, ...], std_divided: tuple[str, ...]
+) -> tuple[list[float], list[float]]:
+    """The frameworks' default reward post-process: rows of n_samples_per_prompt when the batch
+    is complete, else one row; each row's mean subtracted; divided by (unbiased std + 1e-6) for
+    the std estimators. `normalised`/`std_divided` are the framework's estimator lists."""
+    raw = [s.get_reward_value(args) for s in samples]
+    if args.advantage_estimator not in normalised or not args.rewards_normalization:
+        return raw, raw
+    width = args.n_samples_per_prompt
+    if len(raw) != width * args.rollout_batch_size:
+        width = len(raw)
+    out: list[float] = []
+    for start in range(0, len(raw), width):
+        row = raw[start : start + width]
+        mean = sum(row) / len(row)
+        centred = [r - mean for r in row]
+        if args.advantage_estimator in std_divided and args.grpo_std_normalization:
+            std = (
+                math.sqrt(sum(c * c for c in centred) / (len(row) - 1))
+                if len(row) > 1
+                else math.nan
+            )
+            centred = [c / (std + 1e-6) for c in centred]
+        out.extend(centred)
+    return raw, out

@@ -199,6 +199,28 @@ def test_post_process_leaves_placeholders_out_of_the_statistics(fw):
     assert normalised == pytest.approx([2 / 3, -4 / 3, 2 / 3, 0.0])
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "cispo", "reinforce_plus_plus_baseline"])
+@pytest.mark.parametrize("std_normalization", [True, False])
+def test_post_process_equals_the_frameworks_own_for_every_estimator_it_normalises(
+    fw, estimator, std_normalization
+):
+    # Two complete groups of four, one sample per episode: the framework's own post-process
+    # (no hook) and the plugin's must agree value for value, whatever the estimator (miles has
+    # no cispo branch: there cispo passes through raw in both).
+    rewards = [1.0, -1.0, -1.0, 0.0, 1.0, 1.0, -1.0, 1.0]
+    samples = [_finished(fw, i // 4, i % 4, r) for i, r in enumerate(rewards)]
+    args = _grpo_args(advantage_estimator=estimator, grpo_std_normalization=std_normalization)
+    ours = plugin.post_process_rewards(args, samples)
+    theirs = fw.default_post_process(args, samples)
+    assert ours[0] == theirs[0] == rewards
+    assert ours[1] == pytest.approx(theirs[1])
+    if estimator not in fw.NORMALISED:
+        assert ours[1] == rewards  # passed through raw, as the framework does
+    else:
+        divided = estimator in fw.STD_DIVIDED and std_normalization
+        assert (ours[1][0] == pytest.approx(1.25)) is not divided  # centred: 1 - (-0.25)
+
+
 @pytest.mark.parametrize(
     "overrides", [{"advantage_estimator": "ppo"}, {"rewards_normalization": False}]
 )
