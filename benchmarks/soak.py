@@ -64,6 +64,8 @@ EVAL_TIMEOUT_S = 120.0
 # The caller's own deadline: lease wait (60 s) + wall + evaluation + slack. Passing it with
 # neither a result nor an error from the agent is what "lost" means.
 EPISODE_DEADLINE_S = 60.0 + WALL_TIMEOUT_S + EVAL_TIMEOUT_S + 60.0
+# A caller told later than this after a fault gets its own line in the report.
+SLOW_TOLD_S = 10.0
 # Statuses that are failures of the infrastructure, as far as the caller can tell.
 INFRA = "INFRA_ERROR"
 _STATUS = {v: k.removeprefix("EPISODE_STATUS_") for k, v in pb.EpisodeStatus.items()}
@@ -340,10 +342,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
+# Which faults can end an episode with a given reason (or a caller's gRPC code); reasons not
+# listed (sandbox, lease, evaluation) can come from any fault of the nodes, the pool or dockerd.
+_SANDBOX_FAULTS = ("node_kill", "node_stop", "pool_kill", "dockerd_restart")
+_CAUSES = {
+    "UNAVAILABLE": ("agent_kill",),
+    "POLICY_ERROR": ("policy_error",),
+    "POLICY_UNAVAILABLE": ("policy_hang",),
+    "SANDBOX_UNAVAILABLE": _SANDBOX_FAULTS,
+    "SANDBOX_NOT_RUNNING": _SANDBOX_FAULTS,
+    "LEASE_LOST": _SANDBOX_FAULTS,
+    "LEASE_UNAVAILABLE": _SANDBOX_FAULTS,
+    "EVALUATION_UNAVAILABLE": _SANDBOX_FAULTS,
+}
+
+
 def attribute(soak: Soak) -> tuple[dict[str, list[float]], list[Episode], list[str]]:
-    """Each infra failure goes to the latest fault that hit the episode while it ran (injected
-    before it ended, not recovered before it started); its "told" latency is the time from the
-    fault (or the episode's start, when it started during the fault) to its end. Returns the
+    """Each infra failure goes to a fault that hit the episode while it ran (injected before
+    it ended, not recovered before it started) and can cause what the caller was told (an
+    agent's UNAVAILABLE to agent_kill, POLICY_ERROR to policy_error, ...), the first such one:
+    a later fault only finds the episode broken already. Its "told" latency is the time from
+    the fault (or the episode's start, when it started during the fault) to its end. Returns the
     latencies by fault kind, the failures no fault explains, and one line per failure."""
     told: dict[str, list[float]] = {f.kind: [] for f in soak.faults}
     unexplained = []
@@ -364,7 +383,8 @@ def attribute(soak: Soak) -> tuple[dict[str, list[float]], list[Episode], list[s
             unexplained.append(episode)
             lines.append(f"{what}: no fault")
             continue
-        fault = max(hits, key=lambda f: f.injected)
+        causes = [f for f in hits if f.kind in _CAUSES.get(episode.reason or episode.status, ())]
+        fault = min(causes or hits, key=lambda f: f.injected)
         latency = episode.ended - max(fault.injected, episode.started)
         told[fault.kind].append(latency)
         lines.append(f"{what}: {fault.kind} {fault.target} +{latency:.2f} s")
@@ -423,6 +443,21 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
         "memory_before_bytes": soak.memory_before,
         "memory_after_bytes": memory_after,
         "restarts": restarts,
+        # One row per episode: id, policy, agent, start and end (s into the run), outcome,
+        # status, reason; enough to redo any figure above.
+        "episode_rows": [
+            [
+                e.episode_id,
+                e.variant,
+                e.agent,
+                round(e.started, 3),
+                round(e.ended, 3),
+                e.outcome,
+                e.status,
+                e.reason,
+            ]
+            for e in episodes
+        ],
         "lost_episodes": [
             f"{e.episode_id} {e.variant} agent-{e.agent} {e.status}"
             for e in episodes
@@ -477,6 +512,10 @@ def print_report(r: dict) -> None:
         f"  fault -> affected callers told: p50 {r['told_p50_s']} s, p99 {r['told_p99_s']} s,"
         f" max {r['told_max_s']} s"
     )
+    # Callers told late are what an operator would chase: each one on a line.
+    for line in r["infra_detail"]:
+        if "no fault" not in line and float(line.rsplit("+", 1)[1].split()[0]) > SLOW_TOLD_S:
+            print(f"    told late: {line}")
     print(
         f"  sandboxes left after the run           {len(r['sandboxes_left']):6d}"
         f"  (waited {r['sandbox_wait_s']} s for lease expiry)"
