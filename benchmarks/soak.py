@@ -23,7 +23,6 @@ import asyncio
 import random
 import shutil
 import signal
-import statistics
 import sys
 import time
 import uuid
@@ -90,6 +89,8 @@ class Episode:
     status: str = ""
     # EpisodeResult.error_reason, or the error's ErrorInfo reason.
     reason: str = ""
+    # EpisodeResult.error_message, or the error's details (the first 300 characters).
+    message: str = ""
 
     @property
     def infra_failure(self) -> bool:
@@ -201,12 +202,14 @@ class Soak:
             else:
                 episode.outcome, episode.status = "error", code.name
                 episode.reason = error_info(err)[0] or ""
+                episode.message = (err.details() or "")[:300]
         else:
             if result is None:
                 episode.outcome, episode.status = "lost", "NO_RESULT"
             else:
                 episode.outcome, episode.status = "result", _STATUS[result.status]
                 episode.reason = result.error_reason
+                episode.message = result.error_message[:300]
         episode.ended = self.now()
         self.done += 1
         if self.done == max(1, len(self.episodes) // 20) and not self.memory_before:
@@ -357,16 +360,20 @@ _CAUSES = {
 }
 
 
-def attribute(soak: Soak) -> tuple[dict[str, list[float]], list[Episode], list[str]]:
+def attribute(
+    soak: Soak,
+) -> tuple[dict[str, list[float]], list[Episode], list[str], list[str]]:
     """Each infra failure goes to a fault that hit the episode while it ran (injected before
     it ended, not recovered before it started) and can cause what the caller was told (an
     agent's UNAVAILABLE to agent_kill, POLICY_ERROR to policy_error, ...), the first such one:
     a later fault only finds the episode broken already. Its "told" latency is the time from
     the fault (or the episode's start, when it started during the fault) to its end. Returns the
-    latencies by fault kind, the failures no fault explains, and one line per failure."""
+    latencies by fault kind, the failures no fault explains, one line per failure, and the
+    lines of the callers told more than SLOW_TOLD_S after their fault."""
     told: dict[str, list[float]] = {f.kind: [] for f in soak.faults}
     unexplained = []
-    lines = []
+    lines: list[str] = []
+    slow: list[str] = []
     for episode in soak.episodes:
         if not episode.infra_failure:
             continue
@@ -381,21 +388,24 @@ def attribute(soak: Soak) -> tuple[dict[str, list[float]], list[Episode], list[s
         )
         if not hits:
             unexplained.append(episode)
-            lines.append(f"{what}: no fault")
+            lines.append(f"{what}: no fault ({episode.message})")
             continue
         causes = [f for f in hits if f.kind in _CAUSES.get(episode.reason or episode.status, ())]
         fault = min(causes or hits, key=lambda f: f.injected)
         latency = episode.ended - max(fault.injected, episode.started)
         told[fault.kind].append(latency)
-        lines.append(f"{what}: {fault.kind} {fault.target} +{latency:.2f} s")
-    return told, unexplained, lines
+        line = f"{what}: {fault.kind} {fault.target} +{latency:.2f} s ({episode.message})"
+        lines.append(line)
+        if latency > SLOW_TOLD_S:
+            slow.append(line)
+    return told, unexplained, lines, slow
 
 
 def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[str, int]) -> dict:
     episodes = soak.episodes
     started = sum(1 for e in episodes if e.started)
     outcomes = Counter(e.outcome for e in episodes)
-    told, unexplained, detail = attribute(soak)
+    told, unexplained, detail, slow = attribute(soak)
     all_told = [x for values in told.values() for x in values]
     injected = [f for f in soak.faults if f.recovered]
     restarts = {p.name: p.starts - 1 for p in soak.cluster.services}
@@ -420,7 +430,7 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
         "infra_failures": sum(e.infra_failure for e in episodes),
         # The destructive policy kills its own sandbox: what follows is its doing, not a fault's.
         "infra_unexplained": [
-            f"{e.episode_id} {e.variant} {e.status} {e.reason}"
+            f"{e.episode_id} {e.variant} {e.status} {e.reason} ({e.message})"
             for e in unexplained
             if e.variant != "destructive"
         ],
@@ -430,6 +440,7 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
             if e.variant == "destructive"
         ],
         "infra_detail": detail,
+        "told_late": slow,
         "faults_planned": len(soak.faults),
         "faults_injected": len(injected),
         "faults": [asdict(f) for f in soak.faults],
@@ -468,8 +479,8 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
 
 def print_report(r: dict) -> None:
     mib = 1 << 20
-    line = "-" * 78
-    print(line)
+    rule = "-" * 78
+    print(rule)
     print(
         f"soak: {r['episodes']} episodes, concurrency {r['concurrency']}, seed {r['seed']},"
         f" wall {r['wall_s']} s"
@@ -503,7 +514,7 @@ def print_report(r: dict) -> None:
     for kind, values in r["told_s"].items():
         if values:
             print(
-                f"  {kind:16s} {len(values):12d} {statistics.median(values):7.2f}"
+                f"  {kind:16s} {len(values):12d} {percentile(values, 50):7.2f}"
                 f" {percentile(values, 99):7.2f} {max(values):7.2f}"
             )
         else:
@@ -513,9 +524,8 @@ def print_report(r: dict) -> None:
         f" max {r['told_max_s']} s"
     )
     # Callers told late are what an operator would chase: each one on a line.
-    for line in r["infra_detail"]:
-        if "no fault" not in line and float(line.rsplit("+", 1)[1].split()[0]) > SLOW_TOLD_S:
-            print(f"    told late: {line}")
+    for line in r["told_late"]:
+        print(f"    told late: {line}")
     print(
         f"  sandboxes left after the run           {len(r['sandboxes_left']):6d}"
         f"  (waited {r['sandbox_wait_s']} s for lease expiry)"
@@ -528,7 +538,7 @@ def print_report(r: dict) -> None:
         print(f"  LOST: {lost}")
     for name in r["sandboxes_left"]:
         print(f"  LEFT: {name}")
-    print(line, flush=True)
+    print(rule, flush=True)
 
 
 def failures(r: dict) -> list[str]:
