@@ -45,6 +45,7 @@ def _replay(args: argparse.Namespace) -> int:
             latency_s=args.latency_s,
             host=args.host,
             port=args.port,
+            fault_control=args.fault_control,
         )
         url = await server.start()
         print(f"swerl replay policy serving /generate on {url}", flush=True)
@@ -75,8 +76,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rs.add_argument("--host", default="127.0.0.1")
     rs.add_argument("--port", type=int, default=30000)
     rs.add_argument("--tasks", help="tasks directory (default: the bundled examples)")
-    rs.add_argument("--variant", choices=["gold", "wrong"], default="gold")
+    rs.add_argument("--variant", choices=["gold", "wrong", "destructive"], default="gold")
     rs.add_argument("--garbage", action="store_true", help="answer random tokens")
     rs.add_argument("--latency-s", type=float, default=0.0)
     rs.add_argument("--tokenizer", help="tokenizer directory (default: bundled Qwen3)")
+    rs.add_argument(
+        "--fault-control",
+        action="store_true",
+        help="serve POST /fault {mode: error|hang|none, duration_s} to inject policy faults",
+    )
     rs.set_defaults(handler=_replay)

@@ -14,6 +14,10 @@ the routed experts of every token of the sequence but the last (`return_routed_e
 `replay_experts`), both base64 int32 as in meta_info. It records each request's headers and the
 script it matched (`stats.calls`), so tests can check the routing key of every call.
 
+With `fault_control` it also serves `POST /fault {"mode": "error"|"hang"|"none", "duration_s"}`:
+for that window every /generate answers HTTP 500, or holds the request until the window ends
+(what an overloaded or wedged SGLang does), so a soak can inject policy faults from outside.
+
     server = ReplayPolicyServer(scripts=scripts_for_tasks(load_tasks(dir)))
     url = await server.start()          # http://127.0.0.1:<port>
     ...
@@ -28,6 +32,7 @@ import json
 import random
 import re
 import sys
+import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +48,11 @@ from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 _OMITTED = re.compile(r"\[(\d+) earlier turns? omitted")
 ASSISTANT_HEADER = "<|im_start|>assistant"
 WEIGHT_VERSION = "replay-1"
+
+
+# Policy faults `/fault` may inject, and the longest window one may last (every hang is bounded).
+FAULT_MODES = ("error", "hang", "none")
+MAX_FAULT_S = 300.0
 
 
 # Values per token in the replay server's routed experts (e.g. 2 layers x top-2).
@@ -183,6 +193,7 @@ class ReplayPolicyServer:
         port: int = 0,
         threads: int = 4,
         keep_requests: bool = False,
+        fault_control: bool = False,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
@@ -199,11 +210,16 @@ class ReplayPolicyServer:
         self._encoded: dict[str, list[int]] = {}
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.fault_control = fault_control
+        # The injected fault ("error" or "hang") and the monotonic time its window ends.
+        self._fault = ("none", 0.0)
 
     async def start(self) -> str:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_post("/generate", self._generate)
         app.router.add_get("/health", self._health)
+        if self.fault_control:
+            app.router.add_post("/fault", self._set_fault)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
@@ -223,8 +239,36 @@ class ReplayPolicyServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    def inject_fault(self, mode: str, duration_s: float) -> None:
+        """For the next `duration_s` seconds every /generate fails as `mode` says ("none" ends
+        a window early)."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"unknown fault mode {mode!r}; one of {FAULT_MODES}")
+        if not 0 <= duration_s <= MAX_FAULT_S:
+            raise ValueError(f"duration_s must lie in [0, {MAX_FAULT_S:g}]")
+        self._fault = (mode, time.monotonic() + duration_s)
+
+    def _active_fault(self) -> tuple[str, float]:
+        mode, until = self._fault
+        return (mode, until) if mode != "none" and time.monotonic() < until else ("none", 0.0)
+
+    async def _set_fault(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            self.inject_fault(str(body["mode"]), float(body.get("duration_s", 0.0)))
+        except (ValueError, KeyError, TypeError) as err:
+            return web.Response(status=400, text=f"bad fault request: {err}")
+        return web.Response(text="ok")
+
     async def _generate(self, request: web.Request) -> web.Response:
         raw = await request.read()
+        mode, until = self._active_fault()
+        if mode == "error":
+            return web.Response(status=500, text="replay: injected policy fault")
+        if mode == "hang":
+            # Held until the window ends (bounded by MAX_FAULT_S), then answered as usual: a
+            # caller with a shorter request timeout has given up by then.
+            await asyncio.sleep(max(0.0, until - time.monotonic()))
         loop = asyncio.get_running_loop()
         headers = dict(request.headers)
         reply = await loop.run_in_executor(self._pool, self._answer, raw, headers)

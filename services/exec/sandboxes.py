@@ -535,6 +535,8 @@ class SandboxManager:
             await asyncio.sleep(self.settings.reap_interval_s)
             with contextlib.suppress(Exception):
                 await self._notice_exited_containers()
+            with contextlib.suppress(Exception):
+                await self._remove_orphans()
             now = time.time()
             for record in list(self._records.values()):
                 if record.expire_time <= now and record.destroying is None:
@@ -545,6 +547,26 @@ class SandboxManager:
                         log.warning(
                             "sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc)
                         )
+
+    async def _remove_orphans(self) -> None:
+        """Removes containers of this node that no sandbox record accounts for. A create whose
+        start failed and whose cleanup failed too (dockerd going away between the two, seen in
+        the soak's dockerd restart) leaves a container no record, and so no reaper, ever sees;
+        only a node restart's reconcile would. A create still in flight has no record yet
+        either, hence the grace on the container's age."""
+        found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
+        known = {record.container_id for record in self._records.values()}
+        cutoff = time.time() - self.settings.orphan_grace_s
+        for info in found:
+            created = float(info.labels.get(LABEL_PREFIX + "create_time", "0") or 0)
+            if info.container_id in known or created > cutoff:
+                continue
+            await self.backend.remove(info.container_id)
+            log.warning(
+                "sandbox.orphan_removed",
+                container=info.name,
+                sandbox_id=info.labels.get(LABEL_PREFIX + "sandbox_id", ""),
+            )
 
     async def _notice_exited_containers(self) -> None:
         """Marks sandboxes whose container stopped or vanished behind swerl's back."""

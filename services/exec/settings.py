@@ -21,6 +21,12 @@ class ExecSettings(ServiceSettings):
     default_ttl_s: float = Field(3600.0, description="sandbox lifetime when a request has none")
     max_ttl_s: float = Field(24 * 3600.0, description="longest lifetime a request may ask for")
     reap_interval_s: float = Field(5.0, description="how often expired sandboxes are reaped")
+    orphan_grace_s: float = Field(
+        60.0,
+        gt=0,
+        description="age past which a container of this node that no sandbox accounts for (a"
+        " create whose start and cleanup both failed) is removed; longer than any create",
+    )
     default_cpus: float = 2.0
     default_memory_bytes: int = 4 << 30
     default_pids: int = 1024

@@ -332,7 +332,11 @@ class PoolClient:
             spec=spec,
             node_selector=dict(node_selector or {}),
         )
-        async for attempt in async_retrying(max_delay_s=max(30.0, wait_s)):
+        # Bounded by time, not attempts: a pool restart (seconds) must not fail an acquire that
+        # may wait wait_s for capacity anyway; five quick attempts were over in ~3 s (the soak's
+        # pool SIGKILL ended such episodes INFRA_ERROR LEASE_UNAVAILABLE).
+        retrying = async_retrying(max_attempts=1000, max_delay_s=max(30.0, wait_s))
+        async for attempt in retrying:
             with attempt:
                 response = await self.stub.AcquireLease(request, timeout=wait_s + 60.0)
         return response.lease

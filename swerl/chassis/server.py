@@ -34,8 +34,11 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Accept the clients' keepalive pings (client.CHANNEL_OPTIONS: every 30 s, idle too);
     # by default a ping more often than every 5 min without data gets the connection closed.
+    # The key is core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, whose string has
+    # no "recv" in it: spelled after the macro, gRPC ignored it silently and a stream silent
+    # for ~90 s (an episode waiting on its evaluation) died with GOAWAY too_many_pings.
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
     # Our own pings find clients that vanished mid-stream, so their Exec gets cancelled.
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
