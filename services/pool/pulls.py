@@ -183,14 +183,16 @@ class Pulls:
             outcome = await node.conn.pull(pull.image, progress)
         except NodeUnreachable as exc:
             self._finish(pull, exc)
+            self._next(pull.node_id)
             return
         except Exception as exc:  # A bug must not leave leases waiting on this pull forever.
             log.exception("pool.pull_error", node_id=pull.node_id, image=pull.image)
             self._finish(pull, NodeUnreachable(f"pulling on {pull.node_id} failed: {exc!r}"))
+            self._next(pull.node_id)
             return
         finally:
             self._running[pull.node_id] -= 1
-            self._next(pull.node_id)
+        self._next(pull.node_id)  # Not when cancelled: the pool is stopping.
         if outcome.ok:
             self._succeeded(node, pull, outcome.status)
             return

@@ -10,7 +10,6 @@ import time
 import pytest
 
 from swerl.pool import placement
-from swerl.pool.placement import Choice
 from swerl.pool.errors import ImageNotPresent, LeaseCancelled, NodeFull
 from swerl.pool.model import (
     Lease,
@@ -23,6 +22,7 @@ from swerl.pool.model import (
     Spec,
     Watcher,
 )
+from swerl.pool.placement import Choice
 from swerl.pool.settings import PoolSettings
 from swerl.pool.simulated import SimulatedNode
 from swerl.pool.state import InvalidTransition, PoolState
