@@ -179,7 +179,9 @@ class Pool:
             # its inner future; the loops also stop on _stopping.
             await asyncio.wait(tasks, timeout=5.0)
         await self._registry.close()
-        for lease in self._state.queue:
+        waiting = [*self._state.queue]
+        waiting += [x for x in self._state.leases.values() if x.state is PULLING]
+        for lease in waiting:
             if lease.ready is not None and not lease.ready.done():
                 lease.ready.cancel()
 

@@ -104,10 +104,14 @@ def choose(
             return Choice(node, spare)
     if not may_create:
         return None
+    least_loaded: Node | None = None
     for used, node in index.by_load():
-        if _usable(node, lease, used) and node.has_image(lease.image):
-            return Choice(node)
-    if homes_of is None:
+        if _usable(node, lease, used):
+            if node.has_image(lease.image):
+                return Choice(node)
+            least_loaded = least_loaded or node
+    # Nothing has room (homes are not even computed: a full pool stays cheap), or no pulls.
+    if least_loaded is None or homes_of is None:
         return None
     for node_id in pulling_on:
         node = nodes.get(node_id)
@@ -117,10 +121,7 @@ def choose(
         node = nodes.get(node_id)
         if node is not None and _usable(node, lease):
             return Choice(node, pull=True)
-    for used, node in index.by_load():
-        if _usable(node, lease, used):
-            return Choice(node, pull=True)
-    return None
+    return Choice(least_loaded, pull=True)
 
 
 def prefetch_node(

@@ -98,11 +98,26 @@ class Pulls:
         self._lines: dict[str, list[Pull]] = {}  # node_id -> pulls waiting to start
         self._running: dict[str, int] = {}  # node_id -> pulls running
         self._failures: dict[str, _Failure] = {}  # "image:<key>" or "registry:<host>"
+        # Home sets of the current healthy nodes, by image key (dropped when that set changes).
+        self._homes: dict[str, list[str]] = {}
+        self._homes_nodes: tuple[str, ...] = ()
 
     # -- what placement asks ------------------------------------------------------------
     def homes_of(self, image: str) -> list[str]:
-        healthy = [n.node_id for n in self._state.nodes.values() if n.state is NodeState.HEALTHY]
-        return placement.homes(image, healthy, self._settings.image_replicas)
+        healthy = tuple(
+            n.node_id for n in self._state.nodes.values() if n.state is NodeState.HEALTHY
+        )
+        if healthy != self._homes_nodes:
+            self._homes, self._homes_nodes = {}, healthy
+        key = image_key_of(image)
+        found = self._homes.get(key)
+        if found is None:
+            if len(self._homes) >= 100_000:  # Bounded: a dataset's images, not every name.
+                self._homes.clear()
+            found = self._homes[key] = placement.homes(
+                image, healthy, self._settings.image_replicas
+            )
+        return found
 
     def pulling_on(self, image: str) -> dict[str, Pull]:
         """The nodes pulling `image` now (or about to)."""

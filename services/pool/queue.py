@@ -167,6 +167,7 @@ class Queue:
         pulls = self._pulls
         homes_of = None if self._settings.no_pull else pulls.homes_of
         placed: list[Lease] = []
+        refused: list[tuple[Lease, SwerlError]] = []
         for lease in state.queue:
             choice = placement.choose(
                 lease,
@@ -179,6 +180,12 @@ class Queue:
             if choice is None:
                 # Full for this request; a younger request for another image may still fit.
                 continue
+            if choice.pull and choice.node.node_id not in pulls.pulling_on(lease.image):
+                try:  # Its image failed while it waited: no new pull before the backoff ends.
+                    pulls.check(lease.image)
+                except SwerlError as exc:
+                    refused.append((lease, exc))
+                    continue
             node, spare = choice.node, choice.spare
             if spare is None:
                 free -= 1
@@ -195,6 +202,8 @@ class Queue:
             else:
                 node.image_hits += 1
             state.spawn(self._place(lease, node, spare))
+        for lease, error in refused:
+            state.transition(lease, ENDED, error=error)
         if placed:
             ids = {id(lease) for lease in placed}
             state.queue[:] = [lease for lease in state.queue if id(lease) not in ids]

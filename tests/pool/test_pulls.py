@@ -249,3 +249,19 @@ async def test_no_pull_prefetches_nothing(tmp_path):
         assert done.status == "SKIPPED" and sim.pulls() == 0
     finally:
         await sim.pool.stop()
+
+
+async def test_a_queued_lease_whose_registry_failed_meanwhile_gets_the_error_not_a_pull(sim):
+    node = await sim.add("a", capacity=1)
+    holder = await sim.acquire("swerl-base:bookworm")
+    sim.registry.down = True
+    queued = asyncio.ensure_future(sim.acquire(TASK, wait_s=30))
+    await asyncio.sleep(0.05)
+    assert not queued.done()  # No room: it waits in the queue.
+    (prefetched,) = sim.pool.prefetch(["registry.local:5000/swe/task-2:latest"])
+    assert prefetched.status == "STARTED"
+    await asyncio.sleep(0.05)  # That pull failed: the registry is remembered down.
+    await sim.pool.release(holder.lease_id)
+    with pytest.raises(RegistryUnreachable):
+        await queued
+    assert node.calls["pull"] == 1
