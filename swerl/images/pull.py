@@ -164,15 +164,11 @@ def read_image_list(path: Path) -> list[str]:
 
 
 def canonical_image(name: str) -> str:
-    """How Docker lists a reference in RepoTags: no docker.io/ or library/, a tag always."""
-    if "@" in name:
-        return name
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else name + ":latest"
+    """How Docker lists a reference in RepoTags: no docker.io/ or library/, a tag always (the
+    name the pool hashes an image under, too)."""
+    from swerl.pool.placement import image_key
+
+    return image_key(name)
 
 
 class ImagePuller:
