@@ -292,8 +292,3 @@ class Pulls:
         else:
             pull.done.set_exception(error)
             pull.done.exception()  # Retrieved: the waiters re-raise it; none may be left.
-
-    def forget_node(self, node_id: str) -> None:
-        """A node left: its waiting pulls fail as unreachable (their leases go elsewhere)."""
-        for pull in self._lines.pop(node_id, []):
-            self._finish(pull, NodeUnreachable(f"node {node_id} left before pulling"))
