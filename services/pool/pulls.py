@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import structlog
 
 from swerl.chassis.errors import SwerlError
-from swerl.pool import placement
+from swerl.pool import metrics, placement
 from swerl.pool.errors import NodeUnreachable, pull_error
 from swerl.pool.model import Node, NodeState, image_names
 from swerl.pool.nodes import PullProgress
@@ -226,6 +226,8 @@ class Pulls:
         self._enqueue(pull)
 
     def _succeeded(self, node: Node, pull: Pull, status: str) -> None:
+        metrics.IMAGE_PULLS.labels(status).inc()
+        metrics.PULL_SECONDS.labels(pull.priority.name).observe(time.time() - pull.queued_time)
         node.images |= set(image_names(pull.image))
         self._failures.pop("image:" + image_key_of(pull.image), None)
         self._failures.pop("registry:" + registry_of(pull.image), None)
@@ -258,6 +260,7 @@ class Pulls:
             failures = (previous.failures if previous else 0) + 1
             delay = min(s.pull_backoff_s * 2 ** (failures - 1), s.pull_backoff_max_s)
         self._failures[name] = _Failure(reason, message, now + delay, failures)
+        metrics.IMAGE_PULLS.labels(reason).inc()
         log.warning(
             "pool.pull_failed",
             node_id=pull.node_id,
