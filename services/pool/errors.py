@@ -25,7 +25,7 @@ class PoolAtCapacity(ResourceExhausted):
 
 class ImageNotPresent(FailedPrecondition):
     """No healthy node that could host the lease has the image, and the pool does not pull
-    (`no_pull`)."""
+    (`--no-pull`)."""
 
     reason = "IMAGE_NOT_PRESENT"
 

@@ -251,8 +251,8 @@ class Pool:
                 raise InvalidLeaseRequest("an image name is empty")
             homes = self._pulls.homes_of(image)
             pulling = self._pulls.pulling_on(image)
-            if self.settings.no_pull:
-                out.append(Prefetch(image, homes, "SKIPPED", "the pool does not pull (no_pull)"))
+            if not self.settings.pull:
+                out.append(Prefetch(image, homes, "SKIPPED", "the pool does not pull (--no-pull)"))
                 continue
             try:
                 self._pulls.check(image)

@@ -15,7 +15,7 @@ Order of choice for a lease: a ready warm spare of its image and spec; else the 
 that has its image and room; else a node already pulling the image, with room (the lease joins
 that pull); else a home node with room, in rank order (pull there); else the least loaded node
 with room (pull there). Only HEALTHY nodes that match the lease's node selector and have not
-failed this lease are considered; with pulls off (`no_pull`) only the first two count.
+failed this lease are considered; with pulls off (`--no-pull`) only the first two count.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class Queue:
             if existing is not None:
                 return await self._await_ready(existing, started + wait_s)
         self._validate(request)
-        may_pull = not settings.no_pull
+        may_pull = settings.pull
         placement.check_image(
             request.image, request.node_selector, self._state.nodes, may_pull=may_pull
         )
@@ -165,7 +165,7 @@ class Queue:
             return
         free = state.global_free()
         pulls = self._pulls
-        homes_of = None if self._settings.no_pull else pulls.homes_of
+        homes_of = pulls.homes_of if self._settings.pull else None
         placed: list[Lease] = []
         refused: list[tuple[Lease, SwerlError]] = []
         for lease in state.queue:

@@ -87,11 +87,11 @@ class PoolSettings(ServiceSettings):
         " or a KeepAlive claims it",
     )
     ended_retention_s: float = Field(300.0, ge=0, description="ENDED leases kept for ListLeases")
-    no_pull: bool = Field(
-        False,
-        description="never pull: an image no healthy node has is refused at once"
-        " (FAILED_PRECONDITION/IMAGE_NOT_PRESENT), as before on-demand pulls; for operators who"
-        " pre-pull every image",
+    pull: bool = Field(
+        True,
+        description="pull an image no node has onto a node when a lease needs it (--no-pull:"
+        " never pull; such an image is refused at once, FAILED_PRECONDITION/IMAGE_NOT_PRESENT,"
+        " for operators who pre-pull every image)",
     )
     image_replicas: int = Field(
         2,

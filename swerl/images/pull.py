@@ -4,7 +4,7 @@ The pool pulls a missing image on demand (onto one of the image's home nodes), s
 optional: it takes the first pulls out of the first batch's way. `--replicas k` pulls each image
 only onto its k home nodes, chosen by the pool's own rendezvous hashing (swerl.pool.placement.
 homes over the nodes' ids), so pre-pull and placement agree and each node holds about k/N of the
-dataset; without it every node gets every image (a pool run with no_pull needs that, and it
+dataset; without it every node gets every image (a pool run with --no-pull needs that, and it
 only fits a dataset smaller than a node's disk). Each node gets its list in batches over
 `EnsureImages`, pulls with its own concurrency (optionally from a
 registry mirror, re-tagged to the canonical name), and streams one result per image. Failures

@@ -206,7 +206,7 @@ async def test_placement_pulls_on_a_node_pulling_the_image_then_a_home_then_any_
     bare = add_node(state, "bare", images=["other:1"])
     home = add_node(state, "home", images=["other:1"])
     lease = new_lease()
-    # Without homes_of (no_pull) an image nobody has fits nowhere.
+    # Without homes_of (--no-pull) an image nobody has fits nowhere.
     assert placement.choose(lease, state.nodes, state.index, True) is None
     home.hold("x")  # The home is busier than `bare`, and still chosen over it.
     assert placement.choose(

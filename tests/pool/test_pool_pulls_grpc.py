@@ -139,7 +139,7 @@ async def test_registry_stopped_answers_every_waiter_with_its_reason_before_the_
 
 async def test_no_pull_keeps_the_old_refusal(registry, pushed_only):
     async with local_stack(
-        nodes=1, max_sandboxes=2, purpose="pulltest", pool_settings={"no_pull": True}
+        nodes=1, max_sandboxes=2, purpose="pulltest", pool_settings={"pull": False}
     ) as stack:
         pool = PoolClient(stack.pool_address, token=stack.token)
         try:

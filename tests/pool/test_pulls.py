@@ -241,7 +241,7 @@ async def test_a_lease_pull_goes_ahead_of_queued_prefetches(tmp_path):
 
 
 async def test_no_pull_prefetches_nothing(tmp_path):
-    sim = PullSim(tmp_path, no_pull=True)
+    sim = PullSim(tmp_path, pull=False)
     await sim.pool.start()
     try:
         await sim.add("a")

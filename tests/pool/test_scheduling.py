@@ -97,7 +97,7 @@ async def test_node_with_the_image_wins_over_a_less_loaded_one(sim):
 
 
 async def test_missing_image_everywhere_fails_at_once_with_no_pull(tmp_path):
-    sim = Sim(tmp_path, no_pull=True)
+    sim = Sim(tmp_path, pull=False)
     await sim.pool.start()
     try:
         node = await sim.add("a", images=["other:1"])
