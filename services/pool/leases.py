@@ -254,13 +254,13 @@ class Pool:
             if not self.settings.pull:
                 out.append(Prefetch(image, homes, "SKIPPED", "the pool does not pull (--no-pull)"))
                 continue
-            try:
-                self._pulls.check(image)
-            except SwerlError as exc:  # A recent failure: say so, start nothing.
-                out.append(Prefetch(image, homes, "FAILED", exc.message, exc.reason))
-                continue
             node = placement.prefetch_node(image, homes, self._state.nodes, pulling)
             if node is not None:
+                try:
+                    self._pulls.check(image)
+                except SwerlError as exc:  # A recent failure: say so, start nothing.
+                    out.append(Prefetch(image, homes, "FAILED", exc.message, exc.reason))
+                    continue
                 self._pulls.start(node, image, PullPriority.PREFETCH)
                 out.append(Prefetch(image, homes, "STARTED", node_id=node.node_id))
                 continue

@@ -135,6 +135,14 @@ def prefetch_node(
     return candidates[0] if candidates else None
 
 
+def image_present(image: str, selector: Mapping[str, str], nodes: Mapping[str, Node]) -> bool:
+    """Whether a healthy node matching `selector` has `image`."""
+    return any(
+        node.state is HEALTHY and node.matches(selector) and node.has_image(image)
+        for node in nodes.values()
+    )
+
+
 def node_for_spare(image: str, index: LoadIndex) -> Node | None:
     """The least loaded HEALTHY node with room that has `image`."""
     for used, node in index.by_load():

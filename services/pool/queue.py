@@ -87,7 +87,15 @@ class Queue:
             request.image, request.node_selector, self._state.nodes, may_pull=may_pull
         )
         if may_pull:
-            self._pulls.check(request.image)  # A pull that just failed is not started again.
+            try:  # A pull that just failed is not started again...
+                self._pulls.check(request.image)
+            except SwerlError:
+                # ...but an image some node has needs no pull (a registry that is down is no
+                # reason to refuse the images already on the nodes).
+                if not placement.image_present(
+                    request.image, request.node_selector, self._state.nodes
+                ):
+                    raise
         lease = Lease(
             lease_id="lse-" + uuid.uuid4().hex[:20],
             request_id=request.request_id,

@@ -98,7 +98,8 @@ async def test_eight_concurrent_acquires_of_one_missing_image_share_one_pull(sim
 
 
 async def test_registry_down_answers_every_waiter_with_its_reason_and_no_retry_storm(sim):
-    await sim.add("a")
+    present = "registry.local:5000/swe/present:1"
+    await sim.add("a", images=[present])
     await sim.add("b")
     sim.registry.down = True
     started = time.monotonic()
@@ -114,6 +115,9 @@ async def test_registry_down_answers_every_waiter_with_its_reason_and_no_retry_s
         with pytest.raises(RegistryUnreachable):
             await sim.acquire(image, wait_s=30)
     assert sim.pulls() == 1
+    # An image of that registry already on a node needs no pull: it is served meanwhile.
+    served = await sim.acquire(present, wait_s=5)
+    await sim.pool.release(served.lease_id)
     # Past the backoff the registry is tried again, and works.
     sim.registry.down = False
     await asyncio.sleep(0.35)
