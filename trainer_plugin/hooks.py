@@ -29,6 +29,7 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.trainer_plugin import convert, framework, metrics, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.instance import InstanceError, sample_instance
+from swerl.trainer_plugin.prefetch import prefetcher
 from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
@@ -117,6 +118,9 @@ async def run_generate(
             failure_message=str(err),
         )
     else:
+        found = prefetcher(settings)
+        if found is not None:
+            found.add(start.instance.image_name)
         outcome = await run_episode(
             start,
             agent_directory(settings),

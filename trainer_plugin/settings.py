@@ -112,6 +112,16 @@ class PluginSettings(BaseSettings):
         description="Fill Sample.response with the decoded response tokens (for slime's logs) "
         "using the tokenizer slime already loaded; off = empty text.",
     )
+    pool_address: str = Field(
+        "",
+        description="PoolService host:port for image prefetch: each generate call sends its "
+        "sample's image to PrefetchImages (batched per prefetch_delay_s), so the batch's pulls "
+        "start early; empty = no prefetch.",
+    )
+    pool_token: SecretStr | None = Field(None, description="Bearer token of the pool.")
+    prefetch_delay_s: float = Field(
+        0.2, gt=0, description="How long images are collected before one PrefetchImages call."
+    )
     max_receive_message_bytes: int = Field(
         256 << 20, gt=0, description="Largest RunEpisode message accepted (whole trajectories)."
     )
@@ -128,7 +138,7 @@ class PluginSettings(BaseSettings):
             return addresses
         return value
 
-    @field_validator("agent_token", mode="before")
+    @field_validator("agent_token", "pool_token", mode="before")
     @classmethod
     def _empty_token_is_no_token(cls, value: object) -> object:
         return None if value == "" else value

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -398,6 +398,15 @@ class PoolClient:
             request_id=uuid.uuid4().hex, image=image, count=count, spec=spec
         )
         return await self.stub.Prewarm(request, timeout=self.call_timeout_s)
+
+    async def prefetch_images(self, images: Sequence[str]) -> list[pb.ImagePrefetch]:
+        """PrefetchImages: starts pulls of `images` on their home nodes (naturally idempotent,
+        so retried while the pool is unreachable)."""
+        request = pb.PrefetchImagesRequest(request_id=uuid.uuid4().hex, images=list(images))
+        async for attempt in async_retrying():
+            with attempt:
+                response = await self.stub.PrefetchImages(request, timeout=self.call_timeout_s)
+        return list(response.images)
 
     async def list_leases(self, **filters: Any) -> list[pb.Lease]:
         response = await self.stub.ListLeases(

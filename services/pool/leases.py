@@ -7,12 +7,13 @@
   swerl.pool.state      the shared state and the lease lifecycle (the one transition function)
   swerl.pool.placement  where a node is chosen (pure functions over the load index)
   swerl.pool.queue      the FIFO queue of AcquireLease requests and their placement on a node
+  swerl.pool.pulls      image pulls on nodes: one per node and image, lease pulls first
   swerl.pool.registry   nodes: registration, health, drain, adoption of what they hold
   swerl.pool.spares     warm spares (Prewarm targets)
   swerl.pool.keepalive  KeepAlive streams, renewals and lease tokens
 
-This module adds what is left: start and stop, release, expiry, the maintenance pass and the
-listings. Capacity is held by a lease from the moment it is placed on a node until that node
+This module adds what is left: start and stop, release, expiry, prefetch, the maintenance pass
+and the listings. Capacity is held by a lease from the moment it is placed on a node until that node
 confirms its sandbox destroyed, and by a warm spare from its creation until its destroy is
 confirmed. No grpc here: nodes are reached through the `NodeConnection` Protocol.
 """
@@ -24,10 +25,14 @@ import contextlib
 import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from swerl.chassis.errors import SwerlError
+from swerl.pool import placement
+from swerl.pool.errors import InvalidLeaseRequest
 from swerl.pool.keepalive import RENEW_SLICE, KeepAlive, Tokens
 from swerl.pool.model import (
     ACTIVE,
@@ -37,6 +42,7 @@ from swerl.pool.model import (
     LABEL_SPEC,
     LABEL_TTL,
     PENDING,
+    PULLING,
     RELEASING,
     SPARE_OWNER,
     AcquireRequest,
@@ -56,6 +62,7 @@ from swerl.pool.model import (
     image_names,
 )
 from swerl.pool.nodes import NodeConnection
+from swerl.pool.pulls import Pull, PullPriority, Pulls
 from swerl.pool.queue import RETRY_DELAY_S, Queue
 from swerl.pool.registry import NodeRegistry, parse_static_node
 from swerl.pool.settings import PoolSettings
@@ -76,6 +83,7 @@ __all__ = [
     "N_PENDING",
     "N_UNHEALTHY",
     "PENDING",
+    "PULLING",
     "RELEASING",
     "RENEW_SLICE",
     "RETRY_DELAY_S",
@@ -91,6 +99,8 @@ __all__ = [
     "Node",
     "NodeState",
     "Pool",
+    "Prefetch",
+    "Pull",
     "Spare",
     "Spec",
     "Target",
@@ -110,6 +120,18 @@ N_PENDING, N_HEALTHY, N_UNHEALTHY, N_DRAINING, N_DRAINED = (
 )
 
 
+@dataclass(frozen=True)
+class Prefetch:
+    """What PrefetchImages did with one image."""
+
+    image: str
+    homes: list[str]
+    status: str  # STARTED (pulling, or joined a pull) | PRESENT | FAILED | SKIPPED
+    message: str = ""
+    reason: str = ""
+    node_id: str = ""
+
+
 class Pool:
     def __init__(
         self,
@@ -120,7 +142,8 @@ class Pool:
         self.settings = settings
         self._state = state = PoolState(settings)
         tokens = Tokens(settings)
-        self._requests = Queue(state, tokens)
+        self._pulls = Pulls(state, self._refresh_images)
+        self._requests = Queue(state, tokens, self._pulls)
         self._keepalive = KeepAlive(state, tokens)
         self._spares = Spares(state, store)
         self._registry = NodeRegistry(state, connect, store, tokens, self._spares)
@@ -156,7 +179,9 @@ class Pool:
             # its inner future; the loops also stop on _stopping.
             await asyncio.wait(tasks, timeout=5.0)
         await self._registry.close()
-        for lease in self._state.queue:
+        waiting = [*self._state.queue]
+        waiting += [x for x in self._state.leases.values() if x.state is PULLING]
+        for lease in waiting:
             if lease.ready is not None and not lease.ready.done():
                 lease.ready.cancel()
 
@@ -178,6 +203,9 @@ class Pool:
         lease = state.leases.get(lease_id)
         if lease is None or lease.state is ENDED:
             return False, lease
+        if lease.state is PULLING:  # Its room is given back now; the pull goes on.
+            state.transition(lease, ENDED, reason=LossReason.RELEASED)
+            return True, lease
         if lease.state is PENDING:
             # Queued: it ends now. Being placed: the placement destroys its sandbox once made.
             queued = lease in state.queue
@@ -212,6 +240,53 @@ class Pool:
 
     def spare_counts(self, image: str, key: str) -> tuple[int, int]:
         return self._spares.counts(image, key)
+
+    # -- images ---------------------------------------------------------------------------
+    def prefetch(self, images: Iterable[str]) -> list[Prefetch]:
+        """Starts pulls of `images` on their best home node, behind every pull a lease waits
+        on; an image that a home has (or is pulling) already needs nothing."""
+        out: list[Prefetch] = []
+        for image in dict.fromkeys(images):
+            if not image:
+                raise InvalidLeaseRequest("an image name is empty")
+            homes = self._pulls.homes_of(image)
+            pulling = self._pulls.pulling_on(image)
+            if not self.settings.pull:
+                out.append(Prefetch(image, homes, "SKIPPED", "the pool does not pull (--no-pull)"))
+                continue
+            node = placement.prefetch_node(image, homes, self._state.nodes, pulling)
+            if node is not None:
+                try:
+                    self._pulls.check(image)
+                except SwerlError as exc:  # A recent failure: say so, start nothing.
+                    out.append(Prefetch(image, homes, "FAILED", exc.message, exc.reason))
+                    continue
+                self._pulls.start(node, image, PullPriority.PREFETCH)
+                out.append(Prefetch(image, homes, "STARTED", node_id=node.node_id))
+                continue
+            where = next(
+                (n for n in homes if n in self.nodes and self.nodes[n].has_image(image)), ""
+            )
+            if where:
+                out.append(Prefetch(image, homes, "PRESENT", node_id=where))
+            elif pulling:
+                out.append(Prefetch(image, homes, "STARTED", node_id=next(iter(pulling))))
+            else:
+                out.append(Prefetch(image, homes, "SKIPPED", "no healthy home node"))
+        return out
+
+    def pulls(self) -> list[Pull]:
+        return self._pulls.pulls()
+
+    def pulls_in_flight(self) -> dict[str, int]:
+        """Pulls running or waiting to run, per node id."""
+        counts: dict[str, int] = {}
+        for pull in self._pulls.pulls():
+            counts[pull.node_id] = counts.get(pull.node_id, 0) + 1
+        return counts
+
+    def _refresh_images(self, node: Node) -> None:
+        self._state.spawn(self._registry.refresh_images(node))
 
     # -- expiry and maintenance -----------------------------------------------------------
     async def _expiry_loop(self) -> None:
@@ -286,7 +361,7 @@ class Pool:
         image: str = "",
         states: Iterable[LeaseState] = (),
     ) -> list[Lease]:
-        wanted = set(states) or {PENDING, ACTIVE, RELEASING}
+        wanted = set(states) or {PENDING, PULLING, ACTIVE, RELEASING}
         rows = [
             lease
             for lease in self.leases.values()

@@ -19,3 +19,14 @@ NODE_HEALTHY = Gauge("swerl_pool_node_healthy", "1 when the node is HEALTHY.", [
 DESTROY_FAILURES = Counter(
     "swerl_pool_destroy_failures", "Sandbox destroys that failed (capacity stays held)."
 )
+IMAGE_PULLS = Counter(
+    "swerl_pool_image_pulls",
+    "Image pulls the pool asked nodes for, by outcome (PULLED, PRESENT, or the failure reason).",
+    ["outcome"],
+)
+PULL_SECONDS = Histogram(
+    "swerl_pool_pull_seconds",
+    "Time from asking a node for an image to having it, by priority (LEASE, PREFETCH).",
+    ["priority"],
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)

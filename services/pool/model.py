@@ -14,9 +14,12 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from swerl.pool.nodes import CreateRequest, NodeConnection
+
+if TYPE_CHECKING:
+    from swerl.pool.pulls import Pull
 
 
 class _Named(str, enum.Enum):
@@ -32,14 +35,16 @@ class _Named(str, enum.Enum):
 
 class LeaseState(_Named):
     PENDING = "PENDING"  # queued, or its sandbox is being made
+    PULLING = "PULLING"  # placed on a node that pulls its image first (capacity held)
     ACTIVE = "ACTIVE"  # handed out; renewed by its holder
     RELEASING = "RELEASING"  # ended; its sandbox is being destroyed (capacity still held)
     ENDED = "ENDED"  # the node confirmed the sandbox gone (kept a while for ListLeases)
 
 
 # Short names of the states, as the pool's modules, callers and tests know them.
-PENDING, ACTIVE, RELEASING, ENDED = (
+PENDING, PULLING, ACTIVE, RELEASING, ENDED = (
     LeaseState.PENDING,
+    LeaseState.PULLING,
     LeaseState.ACTIVE,
     LeaseState.RELEASING,
     LeaseState.ENDED,
@@ -156,6 +161,9 @@ class Lease:
     loss_message: str = ""
     from_warm_spare: bool = False
     wait_duration_s: float = 0.0
+    # The image pull this lease waits on (PULLING), and how long it waited on pulls in all.
+    pull: Pull | None = None
+    pull_duration_s: float = 0.0
     ended_time: float = 0.0
     ready: asyncio.Future[Lease] | None = None
     waiters: int = 0
@@ -199,6 +207,14 @@ class Node:
     node_capacity: int = 0
     images: set[str] = field(default_factory=set)
     images_time: float = 0.0
+    # The node's image cache: its disk budget and what its images take (0: not reported).
+    image_budget_bytes: int = 0
+    image_used_bytes: int = 0
+    # Placements that found their image on the node (or a spare of it), placements that
+    # waited on a pull there, and pulls the pool started on it (leases and prefetches).
+    image_hits: int = 0
+    image_misses: int = 0
+    image_pulls: int = 0
     leases: set[str] = field(default_factory=set)
     spares: dict[str, Spare] = field(default_factory=dict)
     version: str = ""

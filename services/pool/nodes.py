@@ -7,7 +7,8 @@ swerl.pool.errors (NodeUnreachable, NodeImageMissing, NodeFull, NodeSandboxGone,
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
@@ -35,6 +36,38 @@ class NodeFacts:
     version: str
     docker_healthy: bool
     docker_error: str
+    # The node's image cache budget and use; 0 when the node does not report them (older
+    # nodes), which the pool reads as "unknown, unlimited".
+    image_budget_bytes: int = 0
+    image_used_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class NodeImages:
+    """Every name the node's images answer to (repo tags and ids), and the bytes they take."""
+
+    names: set[str]
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    status: str  # Docker's status line ("Downloading", "Extracting", ...)
+    current_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class PullOutcome:
+    """One image's ImagePullResult: PRESENT, PULLED or FAILED with the node's reason."""
+
+    status: str
+    reason: str = ""
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("PRESENT", "PULLED")
 
 
 @dataclass(frozen=True)
@@ -71,8 +104,12 @@ class NodeConnection(Protocol):
 
     async def info(self) -> NodeFacts: ...
 
-    async def images(self) -> set[str]:
-        """Every name the node's images answer to: repo tags and ids."""
+    async def images(self) -> NodeImages: ...
+
+    async def pull(self, image: str, on_progress: Callable[[PullProgress], None]) -> PullOutcome:
+        """Makes `image` present on the node (EnsureImages of that one image), calling
+        `on_progress` as bytes arrive. A pull the node could not do is a FAILED outcome with
+        its reason; only a node that cannot be reached raises (NodeUnreachable)."""
         ...
 
     async def create(self, request: CreateRequest) -> SandboxFacts: ...
@@ -161,16 +198,45 @@ class GrpcNodeConnection:
     async def info(self) -> NodeFacts:
         r = await self._call(self._stub.GetNodeInfo, pb.GetNodeInfoRequest(), 10.0)
         return NodeFacts(
-            r.node_id, r.capacity, r.running, r.version, r.docker_healthy, r.docker_error
+            r.node_id,
+            r.capacity,
+            r.running,
+            r.version,
+            r.docker_healthy,
+            r.docker_error,
+            # Read by name: nodes older than the image cache lack these fields (0: unknown).
+            int(getattr(r, "image_budget_bytes", 0) or 0),
+            int(getattr(r, "image_used_bytes", 0) or 0),
         )
 
-    async def images(self) -> set[str]:
+    async def images(self) -> NodeImages:
         r = await self._call(self._stub.ListImages, pb.ListImagesRequest(), 30.0)
         names: set[str] = set()
+        size = 0
         for image in r.images:
             names.add(image.image_id)
             names.update(image.repo_tags)
-        return names
+            size += image.size_bytes
+        return NodeImages(names, size)
+
+    async def pull(self, image: str, on_progress: Callable[[PullProgress], None]) -> PullOutcome:
+        request = pb.EnsureImagesRequest(request_id=uuid.uuid4().hex, images=[image], concurrency=1)
+        outcome = PullOutcome("FAILED", "PULL_FAILED", "the node sent no result")
+        # No deadline of its own beyond a generous bound: a large image takes minutes, and
+        # the leases waiting on it have their own deadlines.
+        call = self._stub.EnsureImages(request, timeout=max(self._timeout_s, 3600.0))
+        try:
+            async for response in call:
+                if response.WhichOneof("kind") == "progress":
+                    p = response.progress
+                    on_progress(PullProgress(p.status, p.current_bytes, p.total_bytes))
+                else:
+                    r = response.result
+                    status = pb.ImagePullStatus.Name(r.status).removeprefix("IMAGE_PULL_STATUS_")
+                    outcome = PullOutcome(status, r.reason, r.message)
+        except grpc.aio.AioRpcError as err:
+            raise _translate(err, self.address) from None
+        return outcome
 
     async def create(self, request: CreateRequest) -> SandboxFacts:
         r = await self._call(

@@ -1,17 +1,28 @@
-"""Where a sandbox goes: the choice of a node for a lease or a warm spare.
+"""Where a sandbox goes: the choice of a node for a lease or a warm spare, and where an image
+lives.
 
 Pure functions over the pool's nodes and their load index: they read, never change anything, and
 do no I/O. The queue (swerl.pool.queue) applies what they choose, one request at a time, so each
 choice sees the room the previous one took.
 
-Order of choice for a lease: a ready warm spare of its image and spec, else the least loaded
-node that has its image and room. Only HEALTHY nodes that match the lease's node selector and
-have not failed this lease are considered.
+A dataset's images do not fit on one node, so each image has a home set: the `k` nodes that rank
+highest for it by rendezvous hashing (image x node id) over the healthy nodes. Each node is home
+to about k/N of the dataset, and a node joining or leaving moves only the images it ranks first
+for. `swerl images pull --replicas k` uses the same function, so what an operator pre-pulls is
+where the pool looks.
+
+Order of choice for a lease: a ready warm spare of its image and spec; else the least loaded node
+that has its image and room; else a node already pulling the image, with room (the lease joins
+that pull); else a home node with room, in rank order (pull there); else the least loaded node
+with room (pull there). Only HEALTHY nodes that match the lease's node selector and have not
+failed this lease are considered; with pulls off (`--no-pull`) only the first two count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from swerl.pool.errors import ImageNotPresent
 from swerl.pool.model import Lease, LoadIndex, Node, NodeState, Spare
@@ -19,12 +30,66 @@ from swerl.pool.model import Lease, LoadIndex, Node, NodeState, Spare
 HEALTHY = NodeState.HEALTHY
 
 
+@dataclass(frozen=True)
+class Choice:
+    node: Node
+    spare: Spare | None = None
+    pull: bool = False  # the node must pull the image first (or is pulling it already)
+
+
+def image_key(image: str) -> str:
+    """The name an image is hashed under, as Docker lists it: no docker.io/ or library/ prefix
+    and a tag always, so "python:3.11", "docker.io/library/python:3.11" agree."""
+    if "@" in image:
+        return image
+    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
+        if image.startswith(prefix):
+            image = image[len(prefix) :]
+            break
+    last = image.rsplit("/", 1)[-1]
+    return image if ":" in last else image + ":latest"
+
+
+def _score(key: bytes, node_id: str) -> int:
+    digest = hashlib.blake2b(key + b"\0" + node_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def homes(image: str, node_ids: Iterable[str], k: int) -> list[str]:
+    """The image's home set: the k node ids that score highest for it, best first."""
+    key = image_key(image).encode()
+    ranked = sorted(node_ids, key=lambda node_id: _score(key, node_id), reverse=True)
+    return ranked[: max(k, 0)]
+
+
+def homes_by_image(images: Iterable[str], node_ids: Sequence[str], k: int) -> dict[str, list[str]]:
+    """`homes` of every image (pre-pulling a dataset)."""
+    return {image: homes(image, node_ids, k) for image in images}
+
+
+def _usable(node: Node | None, lease: Lease, used: int | None = None) -> bool:
+    if node is None or node.state is not HEALTHY or node.node_id in lease.avoid:
+        return False
+    if used is None:
+        used = node.used
+    if used >= node.capacity:
+        return False
+    return not lease.node_selector or node.matches(lease.node_selector)
+
+
 def choose(
-    lease: Lease, nodes: Mapping[str, Node], index: LoadIndex, may_create: bool
-) -> tuple[Node, Spare | None] | None:
-    """The node (and the spare on it, if one is bound) for `lease`, or None if nothing fits
-    now. `may_create` is False when the global cap leaves no room for a new sandbox (a spare
-    still serves: it already holds its room)."""
+    lease: Lease,
+    nodes: Mapping[str, Node],
+    index: LoadIndex,
+    may_create: bool,
+    *,
+    homes_of: Callable[[str], Sequence[str]] | None = None,
+    pulling_on: Collection[str] = (),
+) -> Choice | None:
+    """Where `lease` goes, or None if nothing fits now. `may_create` is False when the global
+    cap leaves no room for a new sandbox (a spare still serves: it already holds its room).
+    `homes_of` gives an image's home node ids (None: the pool does not pull); `pulling_on` names
+    the nodes pulling the lease's image right now."""
     selector = lease.node_selector
     for spare in index.spares.get((lease.image, lease.spec_key), {}).values():
         if not spare.ready or spare.destroying or spare.busy:
@@ -36,15 +101,46 @@ def choose(
             and node.node_id not in lease.avoid
             and (not selector or node.matches(selector))
         ):
-            return node, spare
+            return Choice(node, spare)
     if not may_create:
         return None
+    least_loaded: Node | None = None
     for used, node in index.by_load():
-        if node.state is not HEALTHY or used >= node.capacity or node.node_id in lease.avoid:
-            continue
-        if (not selector or node.matches(selector)) and node.has_image(lease.image):
-            return node, None
-    return None
+        if _usable(node, lease, used):
+            if node.has_image(lease.image):
+                return Choice(node)
+            least_loaded = least_loaded or node
+    # Nothing has room (homes are not even computed: a full pool stays cheap), or no pulls.
+    if least_loaded is None or homes_of is None:
+        return None
+    for node_id in pulling_on:
+        node = nodes.get(node_id)
+        if node is not None and _usable(node, lease):
+            return Choice(node, pull=True)
+    for node_id in homes_of(lease.image):
+        node = nodes.get(node_id)
+        if node is not None and _usable(node, lease):
+            return Choice(node, pull=True)
+    return Choice(least_loaded, pull=True)
+
+
+def prefetch_node(
+    image: str, home_ids: Sequence[str], nodes: Mapping[str, Node], pulling_on: Collection[str]
+) -> Node | None:
+    """The node a prefetch of `image` pulls on: its best healthy home, unless a home has the
+    image or is pulling it already (then None: nothing to do)."""
+    candidates = [nodes[n] for n in home_ids if n in nodes and nodes[n].state is HEALTHY]
+    if any(node.has_image(image) or node.node_id in pulling_on for node in candidates):
+        return None
+    return candidates[0] if candidates else None
+
+
+def image_present(image: str, selector: Mapping[str, str], nodes: Mapping[str, Node]) -> bool:
+    """Whether a healthy node matching `selector` has `image`."""
+    return any(
+        node.state is HEALTHY and node.matches(selector) and node.has_image(image)
+        for node in nodes.values()
+    )
 
 
 def node_for_spare(image: str, index: LoadIndex) -> Node | None:
@@ -55,9 +151,13 @@ def node_for_spare(image: str, index: LoadIndex) -> Node | None:
     return None
 
 
-def check_image(image: str, selector: Mapping[str, str], nodes: Mapping[str, Node]) -> None:
-    """Refuses at once an image that no healthy node matching `selector` has (the pool does not
-    pull); with no healthy node at all the request may wait for one."""
+def check_image(
+    image: str, selector: Mapping[str, str], nodes: Mapping[str, Node], *, may_pull: bool = False
+) -> None:
+    """Refuses at once an image that no healthy node matching `selector` has, when the pool may
+    not pull it; with no healthy node at all the request may wait for one."""
+    if may_pull:
+        return
     healthy = False
     for node in nodes.values():
         if node.state is HEALTHY and node.matches(selector):
@@ -66,7 +166,8 @@ def check_image(image: str, selector: Mapping[str, str], nodes: Mapping[str, Nod
             healthy = True
     if healthy:
         raise ImageNotPresent(
-            f"no healthy node has image {image!r}; the pool never pulls (use EnsureImages)",
+            f"no healthy node has image {image!r} and the pool does not pull it"
+            " (pre-pull it with `swerl images pull`)",
             image=image,
         )
 

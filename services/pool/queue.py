@@ -5,6 +5,10 @@ room. `pump` walks the queue oldest first and places every request that fits now
 `swerl.pool.placement`'s): the lease takes its node's room at once, then its sandbox is made (or
 a warm spare bound) on the node; a node that fails sends it back to the head of the queue, and
 that node is avoided for it until the next maintenance pass.
+
+A request placed on a node without its image is PULLING: it holds the node's room and waits on
+the node's pull of the image (swerl.pool.pulls, one per node and image) within its own
+wait_timeout, then its sandbox is made. A failed pull ends it with the pull's reason.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import structlog
 from swerl.chassis.errors import Internal, SwerlError
 from swerl.pool import metrics, placement
 from swerl.pool.errors import (
+    ImagePulling,
     InvalidLeaseRequest,
     NodeFull,
     NodeImageMissing,
@@ -33,6 +38,7 @@ from swerl.pool.model import (
     LABEL_REQUEST,
     LABEL_TTL,
     PENDING,
+    PULLING,
     RELEASING,
     AcquireRequest,
     Lease,
@@ -42,6 +48,7 @@ from swerl.pool.model import (
     image_names,
 )
 from swerl.pool.nodes import CreateRequest
+from swerl.pool.pulls import Pull, PullPriority, Pulls
 from swerl.pool.state import PoolState
 
 log = structlog.get_logger("swerl.pool")
@@ -50,10 +57,11 @@ RETRY_DELAY_S = 1.0
 
 
 class Queue:
-    def __init__(self, state: PoolState, tokens: Tokens) -> None:
+    def __init__(self, state: PoolState, tokens: Tokens, pulls: Pulls) -> None:
         self._state = state
         self._settings = state.settings
         self._tokens = tokens
+        self._pulls = pulls
         state.pump = self.pump
 
     def _validate(self, request: AcquireRequest) -> None:
@@ -74,7 +82,20 @@ class Queue:
             if existing is not None:
                 return await self._await_ready(existing, started + wait_s)
         self._validate(request)
-        placement.check_image(request.image, request.node_selector, self._state.nodes)
+        may_pull = settings.pull
+        placement.check_image(
+            request.image, request.node_selector, self._state.nodes, may_pull=may_pull
+        )
+        if may_pull:
+            try:  # A pull that just failed is not started again...
+                self._pulls.check(request.image)
+            except SwerlError:
+                # ...but an image some node has needs no pull (a registry that is down is no
+                # reason to refuse the images already on the nodes).
+                if not placement.image_present(
+                    request.image, request.node_selector, self._state.nodes
+                ):
+                    raise
         lease = Lease(
             lease_id="lse-" + uuid.uuid4().hex[:20],
             request_id=request.request_id,
@@ -114,10 +135,12 @@ class Queue:
                         retry_delay_s=RETRY_DELAY_S,
                         image=lease.image,
                     ) from None
+                if lease.state is PULLING:
+                    raise self._pull_timed_out(lease) from None
                 # Its sandbox is being made right now: that ends soon either way.
                 await asyncio.shield(ready)
         except asyncio.CancelledError:
-            if lease.waiters == 1 and lease in queue:
+            if lease.waiters == 1 and (lease.state is PULLING or lease in queue):
                 self._state.transition(lease, ENDED, reason=LossReason.NOT_FOUND)
             raise
         finally:
@@ -126,19 +149,52 @@ class Queue:
         result.claimed = True
         return result
 
+    def _pull_timed_out(self, lease: Lease) -> ImagePulling:
+        """The caller's wait ran out while the image is pulled: the lease ends (its room is
+        given back), the pull goes on, and the caller is told to come back."""
+        pull = lease.pull
+        progress = ""
+        if pull is not None and pull.total_bytes:
+            progress = f" ({pull.status} {pull.current_bytes}/{pull.total_bytes} bytes)"
+        node_id = lease.node_id
+        self._state.transition(lease, ENDED, reason=LossReason.NOT_FOUND)
+        return ImagePulling(
+            f"image {lease.image!r} is still being pulled on node {node_id}{progress}; the pull"
+            " goes on, retry shortly",
+            retry_delay_s=RETRY_DELAY_S * 5,
+            image=lease.image,
+            node_id=node_id,
+        )
+
     def pump(self) -> None:
         """Places queued requests, oldest first, wherever there is room now."""
         state = self._state
         if not state.queue:
             return
         free = state.global_free()
+        pulls = self._pulls
+        homes_of = pulls.homes_of if self._settings.pull else None
         placed: list[Lease] = []
+        refused: list[tuple[Lease, SwerlError]] = []
         for lease in state.queue:
-            choice = placement.choose(lease, state.nodes, state.index, free > 0)
+            choice = placement.choose(
+                lease,
+                state.nodes,
+                state.index,
+                free > 0,
+                homes_of=homes_of,
+                pulling_on=pulls.pulling_on(lease.image) if homes_of else (),
+            )
             if choice is None:
                 # Full for this request; a younger request for another image may still fit.
                 continue
-            node, spare = choice
+            if choice.pull and choice.node.node_id not in pulls.pulling_on(lease.image):
+                try:  # Its image failed while it waited: no new pull before the backoff ends.
+                    pulls.check(lease.image)
+                except SwerlError as exc:
+                    refused.append((lease, exc))
+                    continue
+            node, spare = choice.node, choice.spare
             if spare is None:
                 free -= 1
             placed.append(lease)
@@ -147,7 +203,15 @@ class Queue:
             lease.node_id, lease.node_address = node.node_id, node.address
             if spare is not None:
                 node.pop_spare(spare.spare_id)
+            if choice.pull:
+                node.image_misses += 1
+                lease.pull = pulls.start(node, lease.image, PullPriority.LEASE)
+                state.transition(lease, PULLING)
+            else:
+                node.image_hits += 1
             state.spawn(self._place(lease, node, spare))
+        for lease, error in refused:
+            state.transition(lease, ENDED, error=error)
         if placed:
             ids = {id(lease) for lease in placed}
             state.queue[:] = [lease for lease in state.queue if id(lease) not in ids]
@@ -160,9 +224,44 @@ class Queue:
         self._state.queue.insert(0, lease)  # It keeps its place at the head.
         metrics.WAITING.set(len(self._state.queue))
 
+    async def _await_pull(self, lease: Lease, node: Node, pull: Pull) -> bool:
+        """Waits for the image pull `lease` is placed on; True when its sandbox is to be made
+        now. A node that fails sends the lease back to the queue; a failed pull ends it with
+        the pull's reason; a lease released or timed out meanwhile has given its room back."""
+        state = self._state
+        started = time.time()
+        try:
+            await asyncio.shield(pull.done)
+        except NodeUnreachable as exc:
+            if lease.state is PULLING:
+                node.unhold(lease.lease_id)
+                lease.node_id = lease.node_address = ""
+                lease.pull = None
+                lease.avoid.add(node.node_id)
+                state.transition(lease, PENDING)
+                log.warning("pool.pull_node_failed", lease_id=lease.lease_id, error=str(exc))
+                self._requeue(lease)
+                self.pump()
+            return False
+        except SwerlError as exc:
+            if lease.state is PULLING:
+                state.transition(lease, ENDED, error=exc)
+            return False
+        finally:
+            waited = time.time() - started
+            lease.pull_duration_s += waited
+            lease.wait_duration_s += waited
+        if lease.state is not PULLING:
+            return False
+        lease.pull = None
+        state.transition(lease, PENDING)  # Pulled: its sandbox is made next.
+        return True
+
     async def _place(self, lease: Lease, node: Node, spare: Spare | None) -> None:
         state = self._state
         slack = self._settings.node_expiry_slack_s
+        if lease.pull is not None and not await self._await_pull(lease, node, lease.pull):
+            return
         try:
             if spare is not None:
                 facts = await node.conn.bind(

@@ -37,7 +37,7 @@ from swerl.pool.model import (
     Spare,
     Spec,
 )
-from swerl.pool.nodes import NodeConnection, SandboxFacts
+from swerl.pool.nodes import NodeConnection, NodeImages, SandboxFacts
 from swerl.pool.spares import Spares
 from swerl.pool.state import PoolState
 from swerl.pool.store import PoolStore, StoredNode
@@ -285,14 +285,21 @@ class NodeRegistry:
                     node_id=node.node_id,
                 )
             node.node_capacity, node.version = facts.capacity, facts.version
-            node.images, node.images_time = await node.conn.images(), time.time()
+            node.image_budget_bytes = facts.image_budget_bytes
+            self._set_images(node, await node.conn.images(), facts.image_used_bytes)
             sandboxes = await node.conn.list_sandboxes()
             self._adopt(node, sandboxes)
 
     async def refresh_images(self, node: Node) -> None:
         with contextlib.suppress(Exception):
-            node.images = await node.conn.images()
+            self._set_images(node, await node.conn.images())
             self._state.pump()
+
+    @staticmethod
+    def _set_images(node: Node, images: NodeImages, used_bytes: int = 0) -> None:
+        node.images, node.images_time = images.names, time.time()
+        # The node's own count of its cache wins; else what its listed images add up to.
+        node.image_used_bytes = used_bytes or images.size_bytes
 
     def _adopt(self, node: Node, sandboxes: Iterable[SandboxFacts]) -> None:
         state = self._state

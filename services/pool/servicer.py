@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
-from swerl.pool.leases import Pool
+from swerl.pool.leases import Pool, Prefetch
 from swerl.pool.model import AcquireRequest as DomainAcquire
 from swerl.pool.model import (
     Expiry,
@@ -21,12 +21,14 @@ from swerl.pool.model import (
     Spec,
     Watcher,
 )
+from swerl.pool.pulls import Pull, PullPriority
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
 
 # The domain's enums and the contract's, value for value (a test checks both sides are covered).
 LEASE_STATE_TO_PB: dict[LeaseState, pb.LeaseState] = {
     LeaseState.PENDING: pb.LEASE_STATE_PENDING,
+    LeaseState.PULLING: pb.LEASE_STATE_PULLING,
     LeaseState.ACTIVE: pb.LEASE_STATE_ACTIVE,
     LeaseState.RELEASING: pb.LEASE_STATE_RELEASING,
     LeaseState.ENDED: pb.LEASE_STATE_ENDED,
@@ -48,6 +50,12 @@ NODE_STATE_TO_PB: dict[NodeState, pb.NodeState] = {
     NodeState.DRAINED: pb.NODE_STATE_DRAINED,
 }
 NODE_STATE_FROM_PB: dict[pb.NodeState, NodeState] = {v: k for k, v in NODE_STATE_TO_PB.items()}
+PREFETCH_STATUS_TO_PB: dict[str, pb.PrefetchStatus] = {
+    "STARTED": pb.PREFETCH_STATUS_STARTED,
+    "PRESENT": pb.PREFETCH_STATUS_PRESENT,
+    "FAILED": pb.PREFETCH_STATUS_FAILED,
+    "SKIPPED": pb.PREFETCH_STATUS_SKIPPED,
+}
 
 
 def spec_from_pb(spec: pb.SandboxSpec) -> Spec:
@@ -81,10 +89,40 @@ def lease_to_pb(lease: Lease, *, with_token: bool) -> pb.Lease:
         message.expire_time.CopyFrom(timestamp_pb(lease.expire_time))
     if lease.loss_reason:
         message.loss_reason = LOSS_REASON_TO_PB[lease.loss_reason]
+    if lease.pull_duration_s:
+        message.pull_duration.CopyFrom(duration_pb(lease.pull_duration_s))
+    if lease.pull is not None:
+        message.pull.CopyFrom(pull_to_pb(lease.pull))
     return message
 
 
-def node_to_pb(node: Node) -> pb.Node:
+def pull_to_pb(pull: Pull) -> pb.ImagePull:
+    message = pb.ImagePull(
+        image=pull.image,
+        node_id=pull.node_id,
+        status=pull.status,
+        current_bytes=pull.current_bytes,
+        total_bytes=pull.total_bytes,
+        queue_time=timestamp_pb(pull.queued_time),
+        for_lease=pull.priority is PullPriority.LEASE,
+    )
+    if pull.start_time:
+        message.start_time.CopyFrom(timestamp_pb(pull.start_time))
+    return message
+
+
+def prefetch_to_pb(prefetch: Prefetch) -> pb.ImagePrefetch:
+    return pb.ImagePrefetch(
+        image=prefetch.image,
+        status=PREFETCH_STATUS_TO_PB[prefetch.status],
+        home_node_ids=prefetch.homes,
+        node_id=prefetch.node_id,
+        reason=prefetch.reason,
+        message=prefetch.message,
+    )
+
+
+def node_to_pb(node: Node, pulls_in_flight: int = 0) -> pb.Node:
     message = pb.Node(
         node_id=node.node_id,
         address=node.address,
@@ -98,6 +136,12 @@ def node_to_pb(node: Node) -> pb.Node:
         register_time=timestamp_pb(node.register_time),
         health_message=node.health_message,
         consecutive_failures=node.failures,
+        image_budget_bytes=node.image_budget_bytes,
+        image_used_bytes=node.image_used_bytes,
+        image_hits=node.image_hits,
+        image_misses=node.image_misses,
+        image_pulls=node.image_pulls,
+        pulls_in_flight=pulls_in_flight,
     )
     if node.last_seen:
         message.last_seen_time.CopyFrom(timestamp_pb(node.last_seen))
@@ -233,7 +277,10 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
         nodes = self._pool.list_nodes(
             [NODE_STATE_FROM_PB[s] for s in request.states if s != pb.NODE_STATE_UNSPECIFIED]
         )
-        return pb.ListNodesResponse(nodes=[node_to_pb(n) for n in nodes])
+        in_flight = self._pool.pulls_in_flight()
+        return pb.ListNodesResponse(
+            nodes=[node_to_pb(n, in_flight.get(n.node_id, 0)) for n in nodes]
+        )
 
     async def RegisterNode(
         self, request: pb.RegisterNodeRequest, context
@@ -246,3 +293,9 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
     async def DrainNode(self, request: pb.DrainNodeRequest, context) -> pb.DrainNodeResponse:
         node = await self._pool.drain_node(request.node_id, request.evict)
         return pb.DrainNodeResponse(node=node_to_pb(node))
+
+    async def PrefetchImages(
+        self, request: pb.PrefetchImagesRequest, context
+    ) -> pb.PrefetchImagesResponse:
+        done = self._pool.prefetch(request.images)
+        return pb.PrefetchImagesResponse(images=[prefetch_to_pb(p) for p in done])

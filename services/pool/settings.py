@@ -87,3 +87,36 @@ class PoolSettings(ServiceSettings):
         " or a KeepAlive claims it",
     )
     ended_retention_s: float = Field(300.0, ge=0, description="ENDED leases kept for ListLeases")
+    pull: bool = Field(
+        True,
+        description="pull an image no node has onto a node when a lease needs it (--no-pull:"
+        " never pull; such an image is refused at once, FAILED_PRECONDITION/IMAGE_NOT_PRESENT,"
+        " for operators who pre-pull every image)",
+    )
+    image_replicas: int = Field(
+        2,
+        ge=1,
+        description="home nodes per image (rendezvous hashing of image x node over the healthy"
+        " nodes): where a missing image is pulled first and where PrefetchImages pulls; each node"
+        " holds about image_replicas/N of a dataset",
+    )
+    pulls_per_node: int = Field(
+        2, ge=1, description="image pulls a node runs at once (pulls a lease waits on go first)"
+    )
+    pull_attempts: int = Field(
+        2, ge=1, description="attempts of a pull that fails with PULL_FAILED (a cut connection)"
+    )
+    pull_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="after a pull fails with REGISTRY_UNREACHABLE or PULL_FAILED, no new pull"
+        " from that registry (or of that image) for this long, doubling per failure in a row;"
+        " requests meanwhile get the failure at once",
+    )
+    pull_backoff_max_s: float = Field(60.0, gt=0, description="longest pull backoff")
+    pull_failure_ttl_s: float = Field(
+        30.0,
+        ge=0,
+        description="an image that failed for a reason no retry cures (IMAGE_NOT_FOUND,"
+        " REGISTRY_AUTH, IMAGE_TOO_LARGE) is refused at once this long without a new pull",
+    )

@@ -4,6 +4,11 @@ and the 1,000-node benchmark: sandboxes are dict entries, so only the pool's own
 `down = True` makes every call fail as unreachable and breaks the health watch, as a killed node
 would; `fail_destroy = True` makes destroys fail while the node stays up.
 
+Images: a node pulls from a `SimulatedRegistry` (image name -> size; `down`, `auth_failure` and
+`cut_pulls` make pulls fail as a real node reports it), one pull at a time over a link of
+`pull_bytes_per_s`, into an image cache bounded by `image_budget_bytes` that evicts the least
+recently used images no sandbox runs from, as the exec node's cache does.
+
 A renewal only stores a float (`expire_times`): a real node keeps its sandboxes in another
 process, so renewing thousands a second must not fill the pool process with new objects (which
 its garbage collector would then have to walk).
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 
 from swerl.pool.errors import (
@@ -24,7 +29,24 @@ from swerl.pool.errors import (
     NodeSandboxGone,
     NodeUnreachable,
 )
-from swerl.pool.nodes import CreateRequest, NodeFacts, SandboxFacts
+from swerl.pool.nodes import (
+    CreateRequest,
+    NodeFacts,
+    NodeImages,
+    PullOutcome,
+    PullProgress,
+    SandboxFacts,
+)
+
+
+class SimulatedRegistry:
+    """What simulated nodes pull from: image name -> size in bytes."""
+
+    def __init__(self, images: dict[str, int] | None = None) -> None:
+        self.images: dict[str, int] = dict(images or {})
+        self.down = False
+        self.auth_failure = False
+        self.cut_pulls = 0  # the next this many pulls break off (PULL_FAILED)
 
 
 class SimulatedNode:
@@ -35,11 +57,26 @@ class SimulatedNode:
         capacity: int = 64,
         images: Iterable[str] = ("swerl-base:bookworm",),
         create_latency_s: float = 0.0,
+        registry: SimulatedRegistry | None = None,
+        image_budget_bytes: int = 0,
+        pull_bytes_per_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_id = node_id
         self.capacity = capacity
+        self.registry = registry or SimulatedRegistry()
         self.image_names = set(images)
+        # When each image was last used (LRU eviction) and what it takes on disk.
+        self.clock = clock
+        self.last_used: dict[str, float] = dict.fromkeys(self.image_names, 0.0)
+        self.image_budget_bytes = image_budget_bytes
+        self.pull_bytes_per_s = pull_bytes_per_s
+        self.pulled_bytes = 0
+        self.pulled: list[str] = []  # images in the order their pulls finished
+        self.evicted = 0
+        self.max_used_bytes = self.used_bytes
         self.create_latency_s = create_latency_s
+        self._link = asyncio.Lock()  # one pull at a time over the node's link
         self.sandboxes: dict[str, SandboxFacts] = {}
         # The current expiry of each sandbox; its facts' expire_time is the one at create/bind.
         self.expire_times: dict[str, float] = {}
@@ -60,11 +97,69 @@ class SimulatedNode:
 
     async def info(self) -> NodeFacts:
         self._enter("info")
-        return NodeFacts(self.node_id, self.capacity, len(self.sandboxes), "sim", True, "")
+        return NodeFacts(
+            self.node_id,
+            self.capacity,
+            len(self.sandboxes),
+            "sim",
+            True,
+            "",
+            self.image_budget_bytes,
+            self.used_bytes,
+        )
 
-    async def images(self) -> set[str]:
+    @property
+    def used_bytes(self) -> int:
+        return sum(self.registry.images.get(name, 0) for name in self.image_names)
+
+    async def images(self) -> NodeImages:
         self._enter("images")
-        return set(self.image_names)
+        return NodeImages(set(self.image_names), self.used_bytes)
+
+    async def pull(self, image: str, on_progress: Callable[[PullProgress], None]) -> PullOutcome:
+        self._enter("pull")
+        if image in self.image_names:
+            return PullOutcome("PRESENT")
+        registry = self.registry
+        if registry.down:
+            return PullOutcome("FAILED", "REGISTRY_UNREACHABLE", "dial tcp: connection refused")
+        if registry.auth_failure:
+            return PullOutcome("FAILED", "REGISTRY_AUTH", "unauthorized: authentication required")
+        size = registry.images.get(image)
+        if size is None:
+            return PullOutcome("FAILED", "IMAGE_NOT_FOUND", f"manifest for {image} not found")
+        if self.image_budget_bytes and size > self.image_budget_bytes:
+            return PullOutcome(
+                "FAILED", "IMAGE_TOO_LARGE", f"{size} bytes > budget {self.image_budget_bytes}"
+            )
+        async with self._link:
+            if registry.cut_pulls > 0:
+                registry.cut_pulls -= 1
+                return PullOutcome("FAILED", "PULL_FAILED", "unexpected EOF")
+            if self.pull_bytes_per_s:
+                on_progress(PullProgress("Downloading", 0, size))
+                await asyncio.sleep(size / self.pull_bytes_per_s)
+            on_progress(PullProgress("Download complete", size, size))
+            self._make_room(size)
+            self.image_names.add(image)
+            self.last_used[image] = self.clock()
+            self.pulled_bytes += size
+            self.pulled.append(image)
+            self.max_used_bytes = max(self.max_used_bytes, self.used_bytes)
+        return PullOutcome("PULLED")
+
+    def _make_room(self, size: int) -> None:
+        """Evicts least recently used images no sandbox runs from until `size` fits."""
+        if not self.image_budget_bytes:
+            return
+        in_use = {facts.image for facts in self.sandboxes.values()}
+        for name in sorted(self.image_names, key=lambda n: self.last_used.get(n, 0.0)):
+            if self.used_bytes + size <= self.image_budget_bytes:
+                return
+            if name not in in_use:
+                self.image_names.discard(name)
+                self.last_used.pop(name, None)
+                self.evicted += 1
 
     async def create(self, request: CreateRequest) -> SandboxFacts:
         self._enter("create")
@@ -77,6 +172,7 @@ class SimulatedNode:
             raise NodeFull(f"{self.node_id} is full")
         if request.ttl_s < 0:
             raise NodeRejected("bad ttl", code="INVALID_ARGUMENT", reason="INVALID_SANDBOX_SPEC")
+        self.last_used[request.image] = self.clock()
         if self.create_latency_s:
             await asyncio.sleep(self.create_latency_s)
         facts = SandboxFacts(

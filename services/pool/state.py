@@ -2,15 +2,18 @@
 function that moves a lease from state to state and keeps all of them consistent.
 
     (admit) --> PENDING --placed--> ACTIVE --ended--> RELEASING --destroy confirmed--> ENDED
-                   |                                     ^                               ^
-                   +--released while being placed--------+                               |
-                   +--dropped from the queue, or its placement failed -------------------+
+                 |  ^  |                                 ^                               ^
+                 |  |  +--released while being placed----+                               |
+                 |  |  +--dropped from the queue, or its placement failed ---------------+
+                 |  +--pulled (its sandbox is made next), or the node failed (requeued)  |
+                 +--placed on a node without its image--> PULLING --pull failed, released,
+                                                                    or its wait ran out--+
 
 Which collections hold a lease, by state:
   leases       every lease, ENDED ones until ended_retention_s has passed (ListLeases)
   by_request   a lease by its AcquireLease request_id, while it is not ENDED (a retry returns it)
   queue        PENDING leases waiting for room, oldest first (a PENDING lease with a node_id is
-               being placed and is not queued)
+               being placed and is not queued; a PULLING lease holds its node and is not queued)
   active       ACTIVE leases; `expiries` holds an entry per ACTIVE lease (the expiry loop's heap)
   releasing    RELEASING leases (their destroys are retried by the maintenance loop)
   ended        ENDED leases, oldest first (dropped from `leases` after the retention)
@@ -41,6 +44,7 @@ from swerl.pool.model import (
     ACTIVE,
     ENDED,
     PENDING,
+    PULLING,
     RELEASING,
     Lease,
     LeaseState,
@@ -58,7 +62,8 @@ log = structlog.get_logger("swerl.pool")
 
 # The moves a lease can make; anything else is a bug in the pool.
 TRANSITIONS: dict[LeaseState, frozenset[LeaseState]] = {
-    PENDING: frozenset({ACTIVE, RELEASING, ENDED}),
+    PENDING: frozenset({PULLING, ACTIVE, RELEASING, ENDED}),
+    PULLING: frozenset({PENDING, ENDED}),
     ACTIVE: frozenset({RELEASING}),
     RELEASING: frozenset({ENDED}),
     ENDED: frozenset(),
@@ -145,8 +150,13 @@ class PoolState:
             elif to is RELEASING:  # Released while its sandbox is being made: the placement
                 lease.loss_reason = LossReason.RELEASED  # destroys it once made.
                 self.releasing[lease.lease_id] = lease
-            else:
+            elif to is ENDED:
                 self._end_pending(lease, reason, error)
+            # -> PULLING: placed on a node that pulls the image first; it holds that room.
+        elif before is PULLING:
+            if to is ENDED:  # The pull failed, or it was released or timed out meanwhile.
+                self._end_pulling(lease, reason, error)
+            # -> PENDING: pulled, its sandbox is made next; or requeued by its placer.
         elif before is ACTIVE:  # -> RELEASING
             self._leave_active(lease, reason or LossReason.RELEASED, message)
         else:  # RELEASING -> ENDED: the node confirmed the sandbox gone; its room is free.
@@ -203,6 +213,21 @@ class PoolState:
         self._ended_now(lease)
         self._forget_request(lease)
         self._reject_waiters(lease, error or LeaseCancelled("the lease ended while it was queued"))
+
+    def _end_pulling(
+        self, lease: Lease, reason: LossReason | None, error: SwerlError | None
+    ) -> None:
+        """PULLING -> ENDED: gives its node's room back at once (the pull itself goes on for
+        whoever else waits on it, or as a prefetch)."""
+        node = self.nodes.get(lease.node_id)
+        if node is not None:
+            node.unhold(lease.lease_id)
+        lease.node_id = lease.node_address = ""
+        lease.loss_reason, lease.pull = reason, None
+        self._ended_now(lease)
+        self._forget_request(lease)
+        self._reject_waiters(lease, error or LeaseCancelled("the lease ended while it was pulling"))
+        self.pump()
 
     @staticmethod
     def _reject_waiters(lease: Lease, error: SwerlError) -> None:

@@ -1,4 +1,4 @@
-"""`swerl images pull` and `swerl images status`."""
+"""`swerl images pull`, `swerl images status` and `swerl images prefetch`."""
 
 from __future__ import annotations
 
@@ -49,7 +49,23 @@ def _pull(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     images, addresses = inputs
-    print(f"ensuring {len(images)} images on {len(addresses)} nodes", flush=True)
+    plan: dict[str, list[str]] = {address: images for address in addresses}
+    if args.replicas:
+        from swerl.images.pull import home_plan, node_ids
+
+        ids = asyncio.run(node_ids(addresses, token=args.token))
+        missing = [a for a in addresses if a not in ids]
+        if missing:
+            print(f"swerl images: no node id from {', '.join(missing)}", file=sys.stderr)
+            return 2
+        plan = home_plan(images, ids, args.replicas)
+        print(
+            f"ensuring {len(images)} images on their {args.replicas} home nodes of"
+            f" {len(addresses)}",
+            flush=True,
+        )
+    else:
+        print(f"ensuring {len(images)} images on {len(addresses)} nodes", flush=True)
     printed: dict[str, float] = {}
 
     def progress(node: NodeProgress, image: str) -> None:
@@ -68,7 +84,7 @@ def _pull(args: argparse.Namespace) -> int:
         initial_wait_s=args.retry_wait,
         on_progress=progress,
     )
-    report = asyncio.run(puller.pull(addresses, images))
+    report = asyncio.run(puller.pull_plan(plan))
     print(report.render())
     if args.report:
         args.report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
@@ -90,8 +106,76 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  missing {image}")
         if len(node.missing) > args.show_missing > 0:
             print(f"  ... and {len(node.missing) - args.show_missing} more")
+    if args.pool:
+        for line in asyncio.run(_pool_cache_lines(args.pool, args.token)):
+            print(line)
     complete = all(not node.error and not node.missing for node in nodes)
     return 0 if complete else 1
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB"
+
+
+async def _pool_cache_lines(pool_address: str, token: str | None) -> list[str]:
+    """Per node, as the pool sees it: image cache use against its budget, hits, misses, pulls."""
+    from swerl.pool.client import PoolClient
+
+    pool = PoolClient(pool_address, token=token)
+    try:
+        nodes = await pool.list_nodes()
+    finally:
+        await pool.close()
+    lines = ["image cache (pool):"]
+    for node in nodes:
+        budget = _gib(node.image_budget_bytes) if node.image_budget_bytes else "no budget"
+        placed = node.image_hits + node.image_misses
+        rate = f"{100.0 * node.image_hits / placed:.1f}%" if placed else "-"
+        lines.append(
+            f"  {node.node_id}: {_gib(node.image_used_bytes)} of {budget}, hits"
+            f" {node.image_hits} misses {node.image_misses} (hit rate {rate}), pulls"
+            f" {node.image_pulls} ({node.pulls_in_flight} in flight)"
+        )
+    return lines
+
+
+def _prefetch(args: argparse.Namespace) -> int:
+    from swerl.images.pull import ImageListError
+    from swerl.pool.client import PoolClient
+    from swerl.pool.v1 import pool_pb2
+
+    configure_logging("console", "warning")
+    try:
+        images = _images(args)
+    except ImageListError as exc:
+        print(f"swerl images: {exc}", file=sys.stderr)
+        return 2
+    if not images:
+        print("swerl images: no images given (--images FILE or --image NAME)", file=sys.stderr)
+        return 2
+
+    async def main() -> list[pool_pb2.ImagePrefetch]:
+        pool = PoolClient(args.pool, token=args.token)
+        try:
+            done: list[pool_pb2.ImagePrefetch] = []
+            for start in range(0, len(images), args.batch_size):
+                done += await pool.prefetch_images(images[start : start + args.batch_size])
+            return done
+        finally:
+            await pool.close()
+
+    done = asyncio.run(main())
+    counts: dict[str, int] = {}
+    for entry in done:
+        name = pool_pb2.PrefetchStatus.Name(entry.status).removeprefix("PREFETCH_STATUS_")
+        counts[name] = counts.get(name, 0) + 1
+        if entry.status == pool_pb2.PREFETCH_STATUS_FAILED:
+            print(f"  {entry.image}: {entry.reason} {entry.message}")
+    print(
+        f"prefetch of {len(done)} images: "
+        + ", ".join(f"{name.lower()} {n}" for name, n in sorted(counts.items()))
+    )
+    return 1 if counts.get("FAILED") else 0
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +220,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--progress-interval", type=float, default=2.0, help="seconds between progress lines"
     )
     pull.add_argument("--report", type=Path, help="write the final report as JSON")
+    pull.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="pull each image only onto its K home nodes, as the pool places it (rendezvous"
+        " hashing over the given nodes; use the pool's --image-replicas); 0: every node",
+    )
     pull.set_defaults(handler=_pull)
 
     status = commands.add_parser(
@@ -146,3 +237,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(status)
     status.add_argument("--show-missing", type=int, default=10, help="missing images listed")
     status.set_defaults(handler=_status)
+
+    prefetch = commands.add_parser(
+        "prefetch",
+        help="start pulls of images on their home nodes through the pool (PrefetchImages)",
+        description="Returns at once; exit status 1 when some image failed recently.",
+    )
+    prefetch.add_argument("--images", type=Path, action="append", help="image list or dataset")
+    prefetch.add_argument("--image", action="append", help="one image reference; repeatable")
+    prefetch.add_argument("--pool", default="127.0.0.1:18090", help="pool host:port")
+    prefetch.add_argument(
+        "--token", default=os.environ.get("SWERL_TOKEN"), help="bearer token of the pool"
+    )
+    prefetch.add_argument("--batch-size", type=int, default=500, help="images per call")
+    prefetch.set_defaults(handler=_prefetch)

@@ -1,8 +1,12 @@
 """Pre-pulls a dataset's images onto every exec node through the nodes' EnsureImages stream.
 
-Exec nodes never pull implicitly (a missing image is IMAGE_NOT_PRESENT at sandbox creation), so
-before training or evaluating on a dataset the operator puts its images on every node: each node
-gets the list in batches over `EnsureImages`, pulls with its own concurrency (optionally from a
+The pool pulls a missing image on demand (onto one of the image's home nodes), so pre-pulling is
+optional: it takes the first pulls out of the first batch's way. `--replicas k` pulls each image
+only onto its k home nodes, chosen by the pool's own rendezvous hashing (swerl.pool.placement.
+homes over the nodes' ids), so pre-pull and placement agree and each node holds about k/N of the
+dataset; without it every node gets every image (a pool run with --no-pull needs that, and it
+only fits a dataset smaller than a node's disk). Each node gets its list in batches over
+`EnsureImages`, pulls with its own concurrency (optionally from a
 registry mirror, re-tagged to the canonical name), and streams one result per image. Failures
 that a later attempt can cure (registry unreachable, a pull cut short) and a node that drops the
 stream are retried with swerl's one retry policy; images that stay missing end up in the report
@@ -14,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,15 +164,11 @@ def read_image_list(path: Path) -> list[str]:
 
 
 def canonical_image(name: str) -> str:
-    """How Docker lists a reference in RepoTags: no docker.io/ or library/, a tag always."""
-    if "@" in name:
-        return name
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
-            break
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else name + ":latest"
+    """How Docker lists a reference in RepoTags: no docker.io/ or library/, a tag always (the
+    name the pool hashes an image under, too)."""
+    from swerl.pool.placement import image_key
+
+    return image_key(name)
 
 
 class ImagePuller:
@@ -199,8 +199,13 @@ class ImagePuller:
 
     async def pull(self, addresses: Sequence[str], images: Sequence[str]) -> PullReport:
         images = list(dict.fromkeys(images))
-        nodes = [NodeProgress(address, len(images)) for address in addresses]
-        await asyncio.gather(*(self._pull_node(node, images) for node in nodes))
+        return await self.pull_plan({address: images for address in addresses})
+
+    async def pull_plan(self, plan: Mapping[str, Sequence[str]]) -> PullReport:
+        """Pulls each node's own list (address -> images), e.g. `home_plan`'s."""
+        lists = {address: list(dict.fromkeys(images)) for address, images in plan.items()}
+        nodes = [NodeProgress(address, len(images)) for address, images in lists.items()]
+        await asyncio.gather(*(self._pull_node(node, lists[node.address]) for node in nodes))
         return PullReport(nodes)
 
     def _policy(self) -> tenacity.AsyncRetrying:
@@ -349,3 +354,38 @@ async def node_addresses(nodes: Sequence[str], pool: str | None, token: str | No
             if node.state != pool_pb2.NODE_STATE_DRAINED:
                 addresses[node.address] = None
     return list(addresses)
+
+
+async def node_ids(addresses: Iterable[str], *, token: str | None = None) -> dict[str, str]:
+    """address -> the node_id the node reports (GetNodeInfo); unreachable nodes are left out."""
+
+    async def one(address: str) -> tuple[str, str]:
+        channel = make_channel(address, token=token)
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        try:
+            async for attempt in async_retrying(max_attempts=3):
+                with attempt:
+                    info = await stub.GetNodeInfo(pb.GetNodeInfoRequest(), timeout=30)
+            return address, info.node_id
+        except grpc.RpcError:
+            return address, ""
+        finally:
+            await channel.close()
+
+    pairs = await asyncio.gather(*(one(address) for address in addresses))
+    return {address: node_id for address, node_id in pairs if node_id}
+
+
+def home_plan(
+    images: Sequence[str], ids_by_address: Mapping[str, str], replicas: int
+) -> dict[str, list[str]]:
+    """address -> the images whose home set (the pool's rendezvous hashing, `replicas` homes
+    over these nodes) includes that node."""
+    from swerl.pool.placement import homes
+
+    address_of = {node_id: address for address, node_id in ids_by_address.items()}
+    plan: dict[str, list[str]] = {address: [] for address in ids_by_address}
+    for image in images:
+        for node_id in homes(image, list(address_of), replicas):
+            plan[address_of[node_id]].append(image)
+    return plan

@@ -214,3 +214,34 @@ async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
     out = capsys.readouterr().out
     assert "ensuring 1 images on 1 nodes" in out
     assert "every image is present on every node" in out
+
+
+def test_home_plan_puts_each_image_on_exactly_the_pools_home_nodes():
+    from swerl.images.pull import home_plan
+    from swerl.pool.placement import homes
+
+    ids = {f"10.0.0.{i}:5000": f"node-{i}" for i in range(6)}
+    images = [f"xingyaoww/sweb.eval.x86_64.task_s_{i}:latest" for i in range(50)]
+    plan = home_plan(images, ids, 2)
+    for image in images:
+        holders = sorted(ids[address] for address, listed in plan.items() if image in listed)
+        assert holders == sorted(homes(image, list(ids.values()), 2))
+    assert sum(len(listed) for listed in plan.values()) == 2 * len(images)
+
+
+async def test_cli_pulls_onto_home_nodes_prefetches_and_shows_the_pools_cache(base_image, capsys):
+    from swerl.pool.server import local_stack
+
+    async with local_stack(nodes=2, purpose="images-homes") as stack:
+        auth = ["--pool", stack.pool_address, "--token", stack.token]
+        pull = ["images", "pull", "--image", base_image, "--replicas", "1", *auth]
+        assert await asyncio.to_thread(main, pull) == 0
+        assert "ensuring 1 images on their 1 home nodes of 2" in capsys.readouterr().out
+        prefetch = ["images", "prefetch", "--image", base_image, *auth]
+        assert await asyncio.to_thread(main, prefetch) == 0
+        assert "prefetch of 1 images: present 1" in capsys.readouterr().out
+        status = ["images", "status", "--image", base_image, *auth]
+        assert await asyncio.to_thread(main, status) == 0
+        out = capsys.readouterr().out
+        assert "image cache (pool):" in out
+        assert out.count("hits 0 misses 0 (hit rate -), pulls 0 (0 in flight)") == 2

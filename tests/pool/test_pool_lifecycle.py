@@ -22,6 +22,7 @@ from swerl.pool.model import (
     Spec,
     Watcher,
 )
+from swerl.pool.placement import Choice
 from swerl.pool.settings import PoolSettings
 from swerl.pool.simulated import SimulatedNode
 from swerl.pool.state import InvalidTransition, PoolState
@@ -168,15 +169,15 @@ async def test_placement_prefers_a_ready_spare_then_the_least_loaded_node(state)
     idle = add_node(state, "idle")
     busy.hold("other")
     lease = new_lease()
-    assert placement.choose(lease, state.nodes, state.index, True) == (idle, None)
+    assert placement.choose(lease, state.nodes, state.index, True) == Choice(idle)
     spare = Spare("spr-1", "busy", IMAGE, Spec().key(), "sb-1", ready=True)
     busy.put_spare(spare)
-    assert placement.choose(lease, state.nodes, state.index, True) == (busy, spare)
+    assert placement.choose(lease, state.nodes, state.index, True) == Choice(busy, spare)
     # A spare serves even when the global cap allows no new sandbox.
-    assert placement.choose(lease, state.nodes, state.index, False) == (busy, spare)
+    assert placement.choose(lease, state.nodes, state.index, False) == Choice(busy, spare)
     lease.avoid.add("busy")
     assert placement.choose(lease, state.nodes, state.index, False) is None
-    assert placement.choose(lease, state.nodes, state.index, True) == (idle, None)
+    assert placement.choose(lease, state.nodes, state.index, True) == Choice(idle)
     # Nothing was taken: choosing is not placing.
     assert idle.leases == set() and busy.spares == {"spr-1": spare}
 
@@ -189,7 +190,7 @@ async def test_placement_skips_nodes_that_are_full_unhealthy_unlabelled_or_lack_
     lease = new_lease(node_selector={"zone": "a"})
     assert placement.choose(lease, state.nodes, state.index, True) is None
     right = add_node(state, "right", labels={"zone": "a"})
-    assert placement.choose(lease, state.nodes, state.index, True) == (right, None)
+    assert placement.choose(lease, state.nodes, state.index, True) == Choice(right)
     assert placement.node_for_spare(IMAGE, state.index) is not None
 
 
@@ -199,3 +200,59 @@ async def test_an_image_no_healthy_node_has_is_refused_but_no_healthy_node_may_w
     with pytest.raises(ImageNotPresent):
         placement.check_image(IMAGE, {}, state.nodes)
     placement.check_image("other:1", {}, state.nodes)
+
+
+async def test_placement_pulls_on_a_node_pulling_the_image_then_a_home_then_any_node(state):
+    bare = add_node(state, "bare", images=["other:1"])
+    home = add_node(state, "home", images=["other:1"])
+    lease = new_lease()
+    # Without homes_of (--no-pull) an image nobody has fits nowhere.
+    assert placement.choose(lease, state.nodes, state.index, True) is None
+    home.hold("x")  # The home is busier than `bare`, and still chosen over it.
+    assert placement.choose(
+        lease, state.nodes, state.index, True, homes_of=lambda image: ["home", "bare"]
+    ) == Choice(home, pull=True)
+    # A node already pulling the image comes before the homes (the lease joins that pull).
+    assert placement.choose(
+        lease,
+        state.nodes,
+        state.index,
+        True,
+        homes_of=lambda image: ["home"],
+        pulling_on={"bare": object()},
+    ) == Choice(bare, pull=True)
+    # A home the lease must avoid (or a full one): the least loaded node with room pulls.
+    lease.avoid.add("home")
+    assert placement.choose(
+        lease, state.nodes, state.index, True, homes_of=lambda image: ["home"]
+    ) == Choice(bare, pull=True)
+    # A node that has the image always wins over pulling.
+    has = add_node(state, "has")
+    has.hold("y")
+    has.hold("z")
+    assert placement.choose(
+        lease, state.nodes, state.index, True, homes_of=lambda image: ["home"]
+    ) == Choice(has)
+
+
+def test_homes_are_stable_and_a_leaving_node_moves_only_its_share():
+    nodes = [f"node-{i}" for i in range(32)]
+    images = [f"xingyaoww/sweb.eval.x86_64.task_s_{i}:latest" for i in range(2000)]
+    before = placement.homes_by_image(images, nodes, 2)
+    assert all(len(h) == 2 and h[0] != h[1] for h in before.values())
+    # About 2/N of the images per node: no node is home to more than twice its share.
+    load: dict[str, int] = {}
+    for h in before.values():
+        for node_id in h:
+            load[node_id] = load.get(node_id, 0) + 1
+    assert max(load.values()) < 2 * 2 * len(images) / len(nodes)
+    # Node order does not matter, and names Docker treats as one image hash as one.
+    assert placement.homes(images[0], list(reversed(nodes)), 2) == before[images[0]]
+    assert placement.homes("docker.io/library/python:3.11", nodes, 2) == placement.homes(
+        "python:3.11", nodes, 2
+    )
+    after = placement.homes_by_image(images, [n for n in nodes if n != "node-7"], 2)
+    moved = [image for image in images if before[image] != after[image]]
+    assert moved and all("node-7" in before[image] for image in moved)
+    # Those images keep their other home.
+    assert all(set(before[i]) - {"node-7"} <= set(after[i]) for i in moved)

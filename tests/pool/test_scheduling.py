@@ -96,10 +96,16 @@ async def test_node_with_the_image_wins_over_a_less_loaded_one(sim):
     assert lease.node_id == "has"
 
 
-async def test_missing_image_everywhere_fails_at_once(sim):
-    await sim.add("a", images=["other:1"])
-    with pytest.raises(ImageNotPresent):
-        await sim.acquire(wait_s=30)
+async def test_missing_image_everywhere_fails_at_once_with_no_pull(tmp_path):
+    sim = Sim(tmp_path, pull=False)
+    await sim.pool.start()
+    try:
+        node = await sim.add("a", images=["other:1"])
+        with pytest.raises(ImageNotPresent):
+            await sim.acquire(wait_s=30)
+        assert "pull" not in node.calls  # --no-pull: the node is never asked to pull.
+    finally:
+        await sim.pool.stop()
 
 
 async def test_warm_spare_wins_over_a_less_loaded_node(sim):

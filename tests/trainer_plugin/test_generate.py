@@ -356,3 +356,41 @@ async def test_response_text_is_decoded_with_the_tokenizer_the_framework_loaded(
         out = await fw.generate(args, make_sample(), sampling_params)
     response = out.tokens[len(out.tokens) - out.response_length :]
     assert out.response and out.response == fw.state(args).tokenizer.decode(response)
+
+
+async def test_a_batch_of_generate_calls_prefetches_its_images_in_one_call(
+    fw, sampling_params, tmp_path
+):
+    from swerl.pool.server import PoolServer
+    from swerl.pool.settings import PoolSettings
+    from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
+    from swerl.trainer_plugin.instance import image_name_for
+
+    ids = [f"swe-gym__task-{i}" for i in range(3)]
+    images = [image_name_for(i, "SWE-Gym/SWE-Gym") for i in ids]
+    registry = SimulatedRegistry(dict.fromkeys(images, 1 << 20))
+    nodes = {"sim-0:1": SimulatedNode("sim-0", images=[], registry=registry)}
+    pool = PoolServer(
+        PoolSettings(
+            host="127.0.0.1", port=0, insecure=True, state_dir=tmp_path, capability_secret="s"
+        ),
+        connect=nodes.__getitem__,
+    )
+    await pool.start()
+    try:
+        await pool.pool.register_node("sim-0", "sim-0:1", 0, {})
+        async with agent() as server:
+            args = make_args([server.address], pool_address=pool.address)
+            samples = [
+                make_sample(index=n, instance_id=ids[n % 3], image_name="") for n in range(6)
+            ]
+            await asyncio.gather(*(fw.generate(args, s, sampling_params) for s in samples))
+        # The three distinct images were prefetched (one pull each on their home), in one call.
+        await eventually(lambda: sorted(nodes["sim-0:1"].pulled) == sorted(images))
+        from swerl.trainer_plugin.prefetch import _prefetchers
+
+        (prefetcher,) = [p for key, p in _prefetchers.items() if key[0] == pool.address]
+        assert prefetcher.calls == 1
+        await prefetcher.close()
+    finally:
+        await pool.stop(0)

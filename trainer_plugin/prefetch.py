@@ -1,0 +1,86 @@
+"""Image prefetch from the trainer: the images of the episodes about to run go to the pool's
+PrefetchImages, so their pulls start before (or while) the episodes acquire their sandboxes.
+
+slime starts the generate calls of a rollout batch together; each adds its sample's image here
+and one PrefetchImages per `prefetch_delay_s` window carries every image the window collected,
+so a batch of 256 samples costs a call or two, not 256. Images sent recently are not sent again
+(the pool would only answer that they are being pulled). Prefetch is advice: a failed call is
+logged and never fails an episode. Off unless `pool_address` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from swerl.chassis.client import make_channel
+from swerl.pool.v1 import pool_pb2, pool_pb2_grpc
+from swerl.trainer_plugin.settings import PluginSettings
+
+_log = structlog.get_logger("swerl.trainer_plugin")
+
+# An image sent within this long is not sent again.
+RESEND_AFTER_S = 300.0
+
+
+class Prefetcher:
+    def __init__(self, address: str, token: str | None, delay_s: float) -> None:
+        self._channel: Any = make_channel(address, token=token)
+        self._stub = pool_pb2_grpc.PoolServiceStub(self._channel)
+        self._delay_s = delay_s
+        self._pending: dict[str, None] = {}
+        self._sent: dict[str, float] = {}
+        self._flush: asyncio.Task[None] | None = None
+        self.calls = 0
+
+    def add(self, image: str) -> None:
+        now = time.monotonic()
+        if not image or now - self._sent.get(image, -RESEND_AFTER_S) < RESEND_AFTER_S:
+            return
+        self._pending[image] = None
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.get_running_loop().create_task(self._send_soon())
+
+    async def _send_soon(self) -> None:
+        await asyncio.sleep(self._delay_s)
+        images, self._pending = list(self._pending), {}
+        now = time.monotonic()
+        for image in images:
+            self._sent[image] = now
+        request = pool_pb2.PrefetchImagesRequest(request_id=uuid.uuid4().hex, images=images)
+        self.calls += 1
+        try:
+            reply = await self._stub.PrefetchImages(request, timeout=10)
+        except Exception as exc:  # Advice only: the episodes pull on demand anyway.
+            _log.warning("prefetch.failed", images=len(images), error=str(exc))
+            for image in images:
+                self._sent.pop(image, None)
+            return
+        started = sum(1 for p in reply.images if p.status == pool_pb2.PREFETCH_STATUS_STARTED)
+        _log.info("prefetch.sent", images=len(images), started=started)
+
+    async def close(self) -> None:
+        if self._flush is not None:
+            await asyncio.gather(self._flush, return_exceptions=True)
+        await self._channel.close()
+
+
+_prefetchers: dict[tuple[Any, ...], Prefetcher] = {}
+
+
+def prefetcher(settings: PluginSettings) -> Prefetcher | None:
+    """This process's prefetcher for the configured pool (None when prefetch is off)."""
+    if not settings.pool_address:
+        return None
+    token = settings.pool_token.get_secret_value() if settings.pool_token else None
+    key = (settings.pool_address, token, settings.prefetch_delay_s)
+    found = _prefetchers.get(key)
+    if found is None:
+        found = _prefetchers[key] = Prefetcher(
+            settings.pool_address, token, settings.prefetch_delay_s
+        )
+    return found
