@@ -89,7 +89,9 @@ class Registry:
         auth = ""
         if self.auth:
             (self.root / "htpasswd").write_text(_HTPASSWD)
-            auth = f"auth:\n  htpasswd:\n    realm: swerl-test\n    path: {self.root / 'htpasswd'}\n"
+            auth = (
+                f"auth:\n  htpasswd:\n    realm: swerl-test\n    path: {self.root / 'htpasswd'}\n"
+            )
         config.write_text(
             "version: 0.1\n"
             "log:\n  level: warn\n"
@@ -97,7 +99,7 @@ class Registry:
             "  delete:\n    enabled: true\n"
             f"http:\n  addr: {self.address}\n" + auth
         )
-        log = open(self.root / "registry.log", "ab")  # noqa: SIM115 - the child keeps it
+        log = open(self.root / "registry.log", "ab")  # the child holds it open
         self.process = subprocess.Popen(
             [_ensure_registry_installed(), "serve", str(config)], stdout=log, stderr=log
         )
@@ -177,7 +179,7 @@ def start_dockerd(root: Path, *, base_image: str | None = None) -> Dockerd:
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    log = open(root / "dockerd.log", "ab")  # noqa: SIM115 - the child keeps it
+    log = open(root / "dockerd.log", "ab")  # the child holds it open
     process = subprocess.Popen(
         [
             "dockerd",
