@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import platform
 import time
@@ -55,6 +56,8 @@ REGISTRY_UNREACHABLE = "REGISTRY_UNREACHABLE"
 PULL_FAILED = "PULL_FAILED"
 TRANSIENT_REASONS = frozenset({REGISTRY_UNREACHABLE, PULL_FAILED})
 
+# No new attempt of a failed pull starts later than this after its first.
+PULL_RETRY_WINDOW_S = 120.0
 # How long the node waits for a registry's manifest before pulling without knowing the size.
 MANIFEST_TIMEOUT_S = 5.0
 _MANIFEST_TYPES = ", ".join(
@@ -286,7 +289,7 @@ class ImageCache:
                 use_count=uses[row["Id"]].use_count if row["Id"] in uses else 0,
                 pinned=self._is_pinned(row),
                 in_use_count=in_use[row["Id"]],
-                cached=row["Id"] in uses,
+                cached=row["Id"] in uses and not self._is_pinned(row),
             )
             for row in rows
         ]
@@ -420,10 +423,9 @@ class ImageCache:
             retry=tenacity.retry_if_exception(
                 lambda exc: isinstance(exc, PullFailure) and exc.reason in TRANSIENT_REASONS
             ),
-            wait=tenacity.wait_exponential_jitter(
-                initial=self.settings.image_pull_retry_wait_s, max=30.0
-            ),
-            stop=tenacity.stop_after_attempt(self.settings.image_pull_attempts),
+            wait=_backoff(self.settings.image_pull_retry_wait_s, max_s=30.0),
+            stop=tenacity.stop_after_attempt(self.settings.image_pull_attempts)
+            | tenacity.stop_after_delay(PULL_RETRY_WINDOW_S),
             reraise=True,
         )
         async for attempt in retrying:
@@ -505,6 +507,14 @@ class ImageCache:
         for tag in tags[1:]:
             await self.backend.remove_image(tag)
         await self.backend.remove_image(image_id)
+
+
+def _backoff(initial_s: float, *, max_s: float) -> tenacity.wait.wait_base:
+    # As swerl.chassis.retry (which imports grpc, so not here): tenacity 9.1 renamed `initial`
+    # to `multiplier`; jitter keeps the nodes that failed together from retrying together.
+    parameters = inspect.signature(tenacity.wait_exponential_jitter).parameters
+    scale = "multiplier" if "multiplier" in parameters else "initial"
+    return tenacity.wait_exponential_jitter(**{scale: initial_s}, max=max_s, jitter=initial_s)
 
 
 def _tags(row: dict[str, Any]) -> list[str]:
