@@ -305,11 +305,12 @@ class ImageCache:
     def _is_pinned(self, row: dict[str, Any]) -> bool:
         return row["Id"] in self.pinned or any(t in self.pinned for t in _names(row))
 
-    def _in_use_by_id(self, rows: list[dict[str, Any]]) -> Counter[str]:
+    def _in_use_by_id(self, rows: list[dict[str, Any]], also: Iterable[str] = ()) -> Counter[str]:
+        """Image id -> sandboxes using it (plus one for each reference in `also`)."""
         ids = {name: row["Id"] for row in rows for name in _names(row)}
         ids.update({row["Id"]: row["Id"] for row in rows})
         counts: Counter[str] = Counter()
-        for reference in self._in_use():
+        for reference in [*self._in_use(), *also]:
             image_id = ids.get(normalise(reference))
             if image_id is not None:
                 counts[image_id] += 1
@@ -382,13 +383,7 @@ class ImageCache:
             async with self._budget_lock:
                 room = await self._make_room(estimate or 0, evicted)
                 if not room:
-                    return EnsureOutcome(
-                        "FAILED",
-                        reason="IMAGE_CACHE_FULL",
-                        message=f"no room for {image}: the cached images within the budget of"
-                        f" {self.budget} bytes are all in use or pinned",
-                        evicted=tuple(evicted),
-                    )
+                    return self._cache_full(image, evicted)
                 self._reserved[image] = estimate or 0
         await self._pull_with_retries(image, source)
         info = await self.backend.inspect_image(image)
@@ -414,9 +409,24 @@ class ImageCache:
                     evicted=tuple(evicted),
                 )
             async with self._budget_lock:
-                await self._make_room(0, evicted, protect={info["Id"]})
+                if not await self._make_room(0, evicted, protect={info["Id"]}):
+                    # The estimate let the pull start, its real size does not fit, and what
+                    # else is cached is in use: the budget wins over the image just pulled.
+                    with contextlib.suppress(docker.errors.APIError):
+                        await self._remove(info["Id"], _tags({"RepoTags": info.get("RepoTags")}))
+                    self.store.forget_image(info["Id"])
+                    return self._cache_full(image, evicted)
         log.info("image.pulled", image=image, size_bytes=size, evicted=evicted)
         return EnsureOutcome("PULLED", size_bytes=size, evicted=tuple(evicted))
+
+    def _cache_full(self, image: str, evicted: list[str]) -> EnsureOutcome:
+        return EnsureOutcome(
+            "FAILED",
+            reason="IMAGE_CACHE_FULL",
+            message=f"no room for {image}: the cached images within the budget of"
+            f" {self.budget} bytes are all in use or pinned",
+            evicted=tuple(evicted),
+        )
 
     async def _pull_with_retries(self, image: str, source: str) -> None:
         retrying = tenacity.AsyncRetrying(
@@ -460,7 +470,9 @@ class ImageCache:
                 await self.backend.tag_image(source, target_repo, target_tag)
         except docker.errors.DockerException as exc:
             text = str(exc)
-            raise PullFailure(classify_pull_error(text), text[-1000:]) from None
+            failure = PullFailure(classify_pull_error(text), text[-1000:])
+            metrics.IMAGE_PULL_ATTEMPT_FAILURES.labels(failure.reason).inc()
+            raise failure from None
 
     # -- eviction -------------------------------------------------------------------------
     async def _make_room(
@@ -478,7 +490,9 @@ class ImageCache:
         if used + need_bytes <= self.budget:
             metrics.IMAGE_BUDGET_USED.set(used)
             return True
-        in_use = self._in_use_by_id(rows)
+        # An image whose pull is under way is never evicted, not even between the end of its
+        # download and its waiters' answer.
+        in_use = self._in_use_by_id(rows, also=list(self._pulls))
         candidates = sorted(
             (r for r in cached if not in_use[r["Id"]] and r["Id"] not in (protect or set())),
             key=lambda r: uses[r["Id"]].last_use,

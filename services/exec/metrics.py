@@ -15,6 +15,11 @@ IMAGE_PULLS = Counter(
     "Pulls the node ran (one per image, shared by its waiters), by outcome reason or PULLED.",
     ["outcome"],
 )
+IMAGE_PULL_ATTEMPT_FAILURES = Counter(
+    "swerl_exec_image_pull_attempt_failures",
+    "Failed attempts of pulls, by reason (a transient failure is tried again, others are not).",
+    ["reason"],
+)
 IMAGE_PULLED_BYTES = Counter(
     "swerl_exec_image_pulled_bytes", "Unpacked bytes of the images pulled (Docker's image size)."
 )

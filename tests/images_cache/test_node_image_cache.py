@@ -37,6 +37,10 @@ def _counter(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+def _attempts(reason: str) -> float:
+    return _counter("swerl_exec_image_pull_attempt_failures_total", reason=reason)
+
+
 def _pulls_of(events: list[dict], image: str) -> int:
     return sum(1 for e in events if (e.get("Actor") or {}).get("ID") == image)
 
@@ -144,13 +148,15 @@ async def test_a_stopped_registry_answers_every_waiter_unreachable_and_the_node_
     registry.stop()
     node = await cache_node(image_pull_attempts=2)
     pulls = _counter("swerl_exec_image_pulls_total", outcome="REGISTRY_UNREACHABLE")
+    attempts = _attempts("REGISTRY_UNREACHABLE")
 
     answers = await asyncio.gather(*(node.ensure(image, timeout=30) for _ in range(4)))
 
     assert [a[image].reason for a in answers] == ["REGISTRY_UNREACHABLE"] * 4
     assert all(a[image].status == pb.IMAGE_PULL_STATUS_FAILED for a in answers)
-    # One pull (retried inside) answered all four waiters.
+    # One pull, tried twice (the failure is transient), answered all four waiters.
     assert _counter("swerl_exec_image_pulls_total", outcome="REGISTRY_UNREACHABLE") - pulls == 1
+    assert _attempts("REGISTRY_UNREACHABLE") - attempts == 2
     health = health_pb2_grpc.HealthStub(node.channel)
     check = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     assert check.status == health_pb2.HealthCheckResponse.SERVING
@@ -177,23 +183,27 @@ async def test_an_image_bigger_than_the_budget_is_too_large_without_pulling(
 
 
 async def test_a_missing_tag_is_image_not_found(cache_node, registry, registry_images):
-    node = await cache_node()
+    node = await cache_node(image_pull_attempts=3)
     image = f"{registry.address}/swerl-test/never-pushed:1"
+    attempts = _attempts("IMAGE_NOT_FOUND")
     result = (await node.ensure(image))[image]
     assert (result.status, result.reason) == (pb.IMAGE_PULL_STATUS_FAILED, "IMAGE_NOT_FOUND")
+    assert _attempts("IMAGE_NOT_FOUND") - attempts == 1  # not retried: it cannot help
 
 
 async def test_a_registry_refusing_anonymous_pulls_is_registry_auth(cache_node, tmp_path):
     registry = start_registry(tmp_path / "auth", auth=True)
     try:
-        node = await cache_node()
+        node = await cache_node(image_pull_attempts=3)
         image = f"{registry.address}/swerl-test/private:1"
         pulls = _counter("swerl_exec_image_pulls_total", outcome="REGISTRY_AUTH")
+        attempts = _attempts("REGISTRY_AUTH")
         result = (await node.ensure(image))[image]
     finally:
         registry.stop()
     assert (result.status, result.reason) == (pb.IMAGE_PULL_STATUS_FAILED, "REGISTRY_AUTH")
     assert _counter("swerl_exec_image_pulls_total", outcome="REGISTRY_AUTH") - pulls == 1
+    assert _attempts("REGISTRY_AUTH") - attempts == 1  # not retried: it cannot help
 
 
 async def test_pinned_images_are_never_evicted_nor_counted(
@@ -207,6 +217,22 @@ async def test_pinned_images_are_never_evicted_nor_counted(
     images = await node.images()
     assert images[t0].pinned and not images[t0].cached
     assert t1 not in images and t2 in images
+
+
+async def test_a_budget_whose_images_are_all_in_use_refuses_another_image(
+    cache_node, registry_images, image_sizes
+):
+    t0, t1 = _ordered(registry_images)[:2]
+    node = await cache_node(image_disk_budget=_budget_for(1, image_sizes))
+    await node.ensure(t0)
+    await node.create(t0)  # keeps t0 in use
+
+    result = (await node.ensure(t1))[t1]
+
+    assert (result.status, result.reason) == (pb.IMAGE_PULL_STATUS_FAILED, "IMAGE_CACHE_FULL")
+    images = await node.images()
+    assert t0 in images and t1 not in images
+    assert (await node.info()).image_used_bytes <= _budget_for(1, image_sizes)
 
 
 async def test_create_sandbox_still_refuses_an_image_only_the_registry_has(
