@@ -52,9 +52,15 @@ class DockerBackend:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
 
     @classmethod
-    def from_env(cls, *, threads: int = 32) -> DockerBackend:
+    def from_env(cls, *, threads: int = 32, docker_host: str | None = None) -> DockerBackend:
+        """The dockerd at `docker_host` (e.g. unix:///run/other.sock), else DOCKER_HOST's."""
         try:
-            client = docker.from_env(timeout=120, max_pool_size=threads)
+            if docker_host:
+                client = docker.DockerClient(
+                    base_url=docker_host, timeout=120, max_pool_size=threads
+                )
+            else:
+                client = docker.from_env(timeout=120, max_pool_size=threads)
         except docker.errors.DockerException as exc:
             raise DockerUnavailable(f"cannot reach dockerd: {exc}") from exc
         return cls(client, threads=threads)
@@ -101,8 +107,26 @@ class DockerBackend:
             raise
         return True
 
+    async def inspect_image(self, image: str) -> dict[str, Any] | None:
+        """Docker's record of an image (Id, Size, RepoTags, ...); None when it is absent."""
+        try:
+            return await self._call(self._api.inspect_image, image)
+        except docker.errors.APIError as exc:
+            if "invalid reference format" in str(exc):
+                raise InvalidImageReference(
+                    f"malformed image reference {image!r}", image=image
+                ) from None
+            if isinstance(exc, docker.errors.NotFound):
+                return None
+            raise
+
     async def list_images(self) -> list[dict[str, Any]]:
         return await self._call(self._api.images)
+
+    async def remove_image(self, reference: str) -> None:
+        """Removes an image (or one of its tags) without force: Docker refuses (409) to remove
+        an image a container still uses, which is the last guard against evicting one."""
+        await self._call(self._api.remove_image, reference, force=False, noprune=False)
 
     def pull_stream(self, repository: str, tag: str | None) -> Any:
         """Blocking generator of Docker pull progress dicts; iterate it on a worker thread."""

@@ -15,11 +15,11 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import docker.errors
 import structlog
 
 import swerl
@@ -39,6 +39,7 @@ from swerl.exec.errors import (
     SandboxNotRunning,
     UnknownBaseRef,
 )
+from swerl.exec.images import CachedImage, ImageCache, PullProgress
 from swerl.exec.settings import ExecSettings
 from swerl.exec.shell import (
     CONTAINER_IO_DIR,
@@ -98,17 +99,6 @@ def validate_image_reference(image: str) -> None:
     is_registry = slash and ("." in first or ":" in first or first == "localhost")
     if not is_registry and first != first.lower():
         raise InvalidImageReference(f"repository name must be lower case: {image!r}", image=image)
-
-
-def split_reference(image: str) -> tuple[str, str | None]:
-    """("repo", "tag") for pulling; a digest stays in the repository part."""
-    if "@" in image:
-        return image, None
-    slash = image.rfind("/")
-    colon = image.rfind(":")
-    if colon > slash:
-        return image[:colon], image[colon + 1 :]
-    return image, "latest"
 
 
 @dataclass
@@ -177,6 +167,9 @@ class NodeInfo:
     docker_error: str
     cpus: int
     memory_bytes: int
+    image_budget_bytes: int
+    image_used_bytes: int
+    images_cached: int
 
 
 @dataclass(frozen=True)
@@ -191,6 +184,8 @@ class ImageEvent:
     reason: str = ""
     message: str = ""
     duration_s: float = 0.0
+    size_bytes: int = 0
+    evicted: tuple[str, ...] = ()
 
 
 class SandboxManager:
@@ -209,11 +204,20 @@ class SandboxManager:
         self._by_request: dict[str, str] = {}
         self._creating: dict[str, asyncio.Future[SandboxRecord]] = {}
         self._pending_creates = 0
+        # Images of the creates under way: in use before their container exists.
+        self._creating_images: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
         self._on_docker_health = on_docker_health
         self.docker_healthy = True
         self.docker_version = ""
         self.docker_error = ""
+        self.images = ImageCache(settings, backend, store, self._images_in_use)
+
+    def _images_in_use(self) -> Iterator[str]:
+        """The image of every sandbox, running, spare or being created (one entry each)."""
+        for record in self._records.values():
+            yield record.image
+        yield from self._creating_images.elements()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -355,6 +359,7 @@ class SandboxManager:
         cpus, memory = 0, 0
         with contextlib.suppress(Exception):
             cpus, memory = await self.backend.host_resources()
+        usage = await self.images.usage()
         return NodeInfo(
             node_id=self.settings.node_id,
             version=swerl.__version__,
@@ -365,6 +370,9 @@ class SandboxManager:
             docker_error=self.docker_error,
             cpus=cpus,
             memory_bytes=memory,
+            image_budget_bytes=usage.budget_bytes,
+            image_used_bytes=usage.used_bytes,
+            images_cached=usage.cached_images,
         )
 
     # -- create / renew / destroy ---------------------------------------------------------
@@ -409,6 +417,7 @@ class SandboxManager:
         # The create runs to completion even if the caller goes away: a half-made container
         # would otherwise exist without a record. A retry with the same request_id finds it.
         self._pending_creates += 1
+        self._creating_images[spec.image] += 1
         task = asyncio.get_running_loop().create_task(self._create(spec))
         if spec.request_id:
             self._creating[spec.request_id] = task
@@ -422,7 +431,8 @@ class SandboxManager:
 
     async def _create(self, spec: CreateSpec) -> SandboxRecord:
         try:
-            if not await self.backend.image_present(spec.image):
+            image_info = await self.backend.inspect_image(spec.image)
+            if image_info is None:
                 raise ImageNotPresent(
                     f"image {spec.image!r} is not present on node {self.settings.node_id};"
                     " swerl never pulls implicitly (use EnsureImages)",
@@ -481,10 +491,14 @@ class SandboxManager:
             # The login shell (profile, conda activation) starts now rather than on the first
             # command, off the agent's critical path.
             record.shell.warm()
+            self.images.mark_used(str(image_info["Id"]))
             log.info("sandbox.created", sandbox_id=sandbox_id, image=spec.image)
             return record
         finally:
             self._pending_creates -= 1
+            self._creating_images[spec.image] -= 1
+            if self._creating_images[spec.image] <= 0:
+                del self._creating_images[spec.image]
 
     async def renew(self, sandbox_id: str, ttl_s: float) -> SandboxRecord:
         record = self.get(sandbox_id)
@@ -678,8 +692,8 @@ printf '\\0'
         return DiffResult(patch=patch, files=files, base_commit=head.decode().strip())
 
     # -- images ---------------------------------------------------------------------------
-    async def list_images(self) -> list[dict]:
-        return await self.backend.list_images()
+    async def list_images(self) -> list[CachedImage]:
+        return await self.images.listing()
 
     async def ensure_images(
         self, images: list[str], mirror_prefix: str, concurrency: int
@@ -708,66 +722,24 @@ printf '\\0'
         self, image: str, mirror_prefix: str, queue: asyncio.Queue[ImageEvent | None]
     ) -> ImageEvent:
         started = time.monotonic()
-
-        def result(status: str, reason: str = "", message: str = "") -> ImageEvent:
-            return ImageEvent(
-                image,
-                True,
-                status,
-                reason=reason,
-                message=message,
-                duration_s=time.monotonic() - started,
-            )
-
         try:
             validate_image_reference(image)
         except InvalidImageReference as exc:
-            return result("FAILED", "INVALID_IMAGE_REFERENCE", exc.message)
-        if await self.backend.image_present(image):
-            return result("PRESENT")
-        source = mirror_prefix.rstrip("/") + "/" + image if mirror_prefix else image
-        repository, tag = split_reference(source)
-        loop = asyncio.get_running_loop()
+            return ImageEvent(
+                image, True, "FAILED", reason="INVALID_IMAGE_REFERENCE", message=exc.message
+            )
 
-        def pull() -> None:
-            for row in self.backend.pull_stream(repository, tag):
-                if "error" in row:
-                    raise docker.errors.APIError(str(row.get("error")))
-                detail = row.get("progressDetail") or {}
-                event = ImageEvent(
-                    image,
-                    False,
-                    str(row.get("status", "")),
-                    int(detail.get("current", 0) or 0),
-                    int(detail.get("total", 0) or 0),
-                )
-                loop.call_soon_threadsafe(queue.put_nowait, event)
+        def progress(p: PullProgress) -> None:
+            queue.put_nowait(ImageEvent(image, False, p.status, p.current_bytes, p.total_bytes))
 
-        try:
-            await self.backend.run_blocking(pull)
-            if mirror_prefix:
-                target_repo, target_tag = split_reference(image)
-                await self.backend.tag_image(source, target_repo, target_tag)
-        except docker.errors.DockerException as exc:
-            text = str(exc)
-            lowered = text.lower()
-            if any(
-                s in lowered
-                for s in (
-                    "dial tcp",
-                    "no such host",
-                    "connection refused",
-                    "i/o timeout",
-                    "tls handshake",
-                    "network is unreachable",
-                )
-            ):
-                reason = "REGISTRY_UNREACHABLE"
-            elif any(s in lowered for s in ("not found", "manifest unknown", "pull access denied")):
-                reason = "IMAGE_NOT_FOUND"
-            else:
-                reason = "PULL_FAILED"
-            return result("FAILED", reason, text[-1000:])
-        except DockerUnavailable as exc:
-            return result("FAILED", "PULL_FAILED", exc.message)
-        return result("PULLED")
+        outcome = await self.images.ensure(image, mirror_prefix, progress)
+        return ImageEvent(
+            image,
+            True,
+            outcome.status,
+            reason=outcome.reason,
+            message=outcome.message,
+            duration_s=time.monotonic() - started,
+            size_bytes=outcome.size_bytes,
+            evicted=outcome.evicted,
+        )

@@ -31,7 +31,9 @@ class ExecNode:
 
     def __init__(self, settings: ExecSettings) -> None:
         self.settings = settings
-        self.backend = DockerBackend.from_env(threads=settings.docker_threads)
+        self.backend = DockerBackend.from_env(
+            threads=settings.docker_threads, docker_host=settings.docker_host
+        )
         self.store = NodeStore(settings.state_dir / f"{settings.node_id}.sqlite")
         self.server = GrpcServer(settings, name="exec")
         self.manager = SandboxManager(

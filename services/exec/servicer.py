@@ -19,6 +19,7 @@ from swerl.exec.commands import (
     run_command,
     run_commands,
 )
+from swerl.exec.images import CachedImage
 from swerl.exec.output import STDERR, STDOUT
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
 from swerl.exec.shell import CommandSpec, Exit, Output
@@ -249,23 +250,16 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             docker_error=info.docker_error,
             cpus=info.cpus,
             memory_bytes=info.memory_bytes,
+            image_budget_bytes=info.image_budget_bytes,
+            image_used_bytes=info.image_used_bytes,
+            images_cached=info.images_cached,
         )
 
     async def ListImages(
         self, request: pb.ListImagesRequest, context: Any
     ) -> pb.ListImagesResponse:
-        rows = await self._m.list_images()
-        return pb.ListImagesResponse(
-            images=[
-                pb.Image(
-                    image_id=row.get("Id", ""),
-                    repo_tags=[t for t in row.get("RepoTags") or [] if t != "<none>:<none>"],
-                    size_bytes=int(row.get("Size", 0) or 0),
-                    create_time=timestamp_pb(float(row.get("Created", 0) or 0)),
-                )
-                for row in rows
-            ]
-        )
+        images = await self._m.list_images()
+        return pb.ListImagesResponse(images=[_image_to_pb(image) for image in images])
 
     async def EnsureImages(
         self, request: pb.EnsureImagesRequest, context: Any
@@ -275,6 +269,20 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         )
         async for event in events:
             yield _image_event_to_pb(event)
+
+
+def _image_to_pb(image: CachedImage) -> pb.Image:
+    return pb.Image(
+        image_id=image.image_id,
+        repo_tags=image.repo_tags,
+        size_bytes=image.size_bytes,
+        create_time=timestamp_pb(image.create_time),
+        last_use_time=timestamp_pb(image.last_use_time) if image.last_use_time else None,
+        pinned=image.pinned,
+        in_use_count=image.in_use_count,
+        cached=image.cached,
+        use_count=image.use_count,
+    )
 
 
 def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
@@ -294,5 +302,7 @@ def _image_event_to_pb(event: ImageEvent) -> pb.EnsureImagesResponse:
             reason=event.reason,
             message=event.message,
             duration=duration_pb(event.duration_s),
+            size_bytes=event.size_bytes,
+            evicted_images=event.evicted,
         )
     )

@@ -58,6 +58,37 @@ class ExecSettings(ServiceSettings):
         description="capabilities kept after dropping all (what root in a test suite needs)",
     )
     docker_health_interval_s: float = 2.0
+    docker_host: str | None = Field(
+        None,
+        description="dockerd this node drives, e.g. unix:///run/docker-b.sock (default: "
+        "DOCKER_HOST, else the local socket)",
+    )
+    image_disk_budget: int = Field(
+        0,
+        ge=0,
+        description="bytes of cached task images this node keeps (Docker's unpacked image size;"
+        " pinned images do not count); a pull that would exceed it evicts least-recently-used"
+        " unused images first; 0 = unlimited",
+    )
+    pinned_images: list[str] = Field(
+        default_factory=list,
+        description="images never evicted, in addition to base_image",
+    )
+    base_image: str = Field(
+        "swerl-base:bookworm", description="the image task images are built FROM; always pinned"
+    )
+    image_pull_attempts: int = Field(
+        3, ge=1, description="attempts of one pull when the failure is transient"
+    )
+    image_pull_retry_wait_s: float = Field(
+        1.0, ge=0, description="first wait between pull attempts (doubles, with jitter)"
+    )
+    image_pull_failure_memory_s: float = Field(
+        5.0,
+        ge=0,
+        description="how long a failed pull's outcome answers new requests for the image"
+        " without asking the registry again",
+    )
     docker_threads: int = 32
     capability_secret: SecretStr | None = Field(
         None,

@@ -27,7 +27,20 @@ CREATE TABLE IF NOT EXISTS bindings (
     owner        TEXT NOT NULL,
     instance_id  TEXT NOT NULL
 );
+-- The image cache's memory: an image the node pulled or created a sandbox from, by Docker id.
+-- last_use orders eviction (least recently used first) across node restarts.
+CREATE TABLE IF NOT EXISTS images (
+    image_id     TEXT PRIMARY KEY,
+    last_use     REAL NOT NULL,
+    use_count    INTEGER NOT NULL DEFAULT 0
+);
 """
+
+
+@dataclass(frozen=True)
+class ImageUse:
+    last_use: float
+    use_count: int
 
 
 @dataclass(frozen=True)
@@ -72,3 +85,19 @@ class NodeStore(SqliteStore):
 
     def all(self) -> dict[str, StoredSandbox]:
         return {r[0]: StoredSandbox(*r) for r in self.rows("SELECT * FROM sandboxes")}
+
+    def touch_image(self, image_id: str, when: float, *, used: bool) -> None:
+        """Marks an image recently used; `used` counts a sandbox made from it (a pull does not)."""
+        self.execute(
+            "INSERT INTO images VALUES (?, ?, ?) ON CONFLICT(image_id) DO UPDATE SET"
+            " last_use = MAX(last_use, excluded.last_use),"
+            " use_count = use_count + excluded.use_count",
+            (image_id, when, 1 if used else 0),
+        )
+
+    def image_uses(self) -> dict[str, ImageUse]:
+        rows = self.rows("SELECT image_id, last_use, use_count FROM images")
+        return {r[0]: ImageUse(r[1], r[2]) for r in rows}
+
+    def forget_image(self, image_id: str) -> None:
+        self.execute("DELETE FROM images WHERE image_id = ?", (image_id,))

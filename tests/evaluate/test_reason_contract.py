@@ -166,7 +166,7 @@ def test_the_extractors_see_each_way_a_reason_is_sent():
     assert sent["SANDBOX_NOT_FOUND"].endswith("errors.py")  # an error class attribute
     assert sent["PATCH_APPLY_FAILED"].endswith("evaluate.py")  # a `reason` parameter
     assert sent["INSTALL_STEP_FAILED"].endswith("evaluate.py")  # a reason= keyword
-    assert sent["REGISTRY_UNREACHABLE"].endswith("sandboxes.py")  # a `reason` variable
+    assert sent["REGISTRY_AUTH"].endswith("images.py")  # a `reason` variable
     documented = documented_reasons(EXEC_PROTOS)
     assert documented["EMPTY_PATCH"] == "evaluate.proto"
     assert "EVALUATION_STATUS_INFRA_ERROR" not in documented and "INFRA_ERROR" not in documented
