@@ -2,7 +2,8 @@
 policies, each a separate process on loopback, and the faults injected into them.
 
 The soak restarts dockerd, so it never uses the machine's shared one (other work runs on it): it
-starts a private dockerd under its work dir (no bridge, no iptables), loads the base image into
+starts a private dockerd under its work dir (a bridge of its own, never `--bridge none`, which
+would delete the shared dockerd's docker0; no iptables), loads the base image into
 it with `docker save | docker load`, builds the task images in it (offline), and points the exec
 nodes at it through DOCKER_HOST. Ports are picked up front, so a killed process restarts on the
 same address with the same state dir (a node re-adopts its sandboxes, the pool re-reads its
@@ -27,6 +28,9 @@ from pathlib import Path
 import docker
 import grpc
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from dockerd_kit import create_bridge, delete_bridge
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swerl.pool.v1 import pool_pb2, pool_pb2_grpc
@@ -126,6 +130,7 @@ class PrivateDockerd:
         (root / "data").mkdir(parents=True, exist_ok=True)
         config = root / "daemon.json"
         config.write_text("{}\n")  # Never the machine's /etc/docker/daemon.json.
+        self.bridge = create_bridge()  # kept across restarts, deleted by destroy()
         argv = [
             "dockerd",
             "--data-root",
@@ -139,7 +144,7 @@ class PrivateDockerd:
             "--config-file",
             str(config),
             "--bridge",
-            "none",
+            self.bridge,
             "--iptables=false",
         ]
         self.proc = Proc("dockerd", argv, {}, root / "dockerd.log")
@@ -240,6 +245,7 @@ class PrivateDockerd:
         self.stop()
         # Anything dockerd mounted under its root is gone once it stopped; rm then succeeds.
         subprocess.run(["rm", "-rf", str(self.root)], check=False)
+        delete_bridge(self.bridge)
 
 
 @dataclass

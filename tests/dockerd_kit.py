@@ -5,8 +5,11 @@
   registries as insecure by default, so no TLS is needed. `auth=True` makes it demand basic auth
   (htpasswd), which an anonymous pull cannot give: a real 401.
 - `start_dockerd` runs a second dockerd with its own data root, exec root (and so its own
-  managed containerd), pid file and socket, no bridge and no iptables rules, so what a test does
-  to its images (evictions) cannot touch the shared dockerd's. The base image is copied into it
+  managed containerd), pid file and socket, a bridge of its own and no iptables rules, so what a
+  test does to its images (evictions) cannot touch the shared dockerd's. Not `--bridge none`:
+  a dockerd started so deletes the interface `docker0` (it assumes the default bridge is its
+  own), which takes the shared dockerd's bridge away and breaks every build and bridged
+  container there. The base image is copied into it
   (`docker save | docker load`), because sandboxes and task images need it.
 - `push_images` pushes images of the shared dockerd (e.g. the bundled task images `swerl tasks
   build` made) to a registry under `127.0.0.1:<port>/<name>` and removes the tags it added.
@@ -132,6 +135,7 @@ class Dockerd:
 
     root: Path
     process: subprocess.Popen[bytes]
+    bridge: str
     created_images: list[str] = field(default_factory=list)
 
     @property
@@ -163,6 +167,20 @@ class Dockerd:
         for mount in _mounts_under(self.root):
             subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+        delete_bridge(self.bridge)
+
+
+def create_bridge() -> str:
+    """A new, empty Linux bridge for a private dockerd's default network (`--bridge NAME`); the
+    dockerd gives it an address of its choosing. Delete it with `delete_bridge`."""
+    name = "swb" + os.urandom(5).hex()  # interface names hold at most 15 characters
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True)
+    return name
+
+
+def delete_bridge(name: str) -> None:
+    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
 def _mounts_under(root: Path) -> list[str]:
@@ -180,6 +198,7 @@ def start_dockerd(root: Path, *, base_image: str | None = None) -> Dockerd:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     log = open(root / "dockerd.log", "ab")  # the child holds it open
+    bridge = create_bridge()
     process = subprocess.Popen(
         [
             "dockerd",
@@ -187,7 +206,7 @@ def start_dockerd(root: Path, *, base_image: str | None = None) -> Dockerd:
             f"--exec-root={root / 'exec'}",
             f"--pidfile={root / 'dockerd.pid'}",
             f"--host=unix://{root / 'docker.sock'}",
-            "--bridge=none",
+            f"--bridge={bridge}",
             "--iptables=false",
             "--ip-masq=false",
             "--storage-driver=overlay2",
@@ -196,7 +215,7 @@ def start_dockerd(root: Path, *, base_image: str | None = None) -> Dockerd:
         stderr=log,
     )
     log.close()
-    dockerd = Dockerd(root=root, process=process)
+    dockerd = Dockerd(root=root, process=process, bridge=bridge)
 
     def answers() -> bool:
         if process.poll() is not None:
