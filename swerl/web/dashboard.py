@@ -26,6 +26,7 @@ HISTORY = 720  # polls kept for the charts (an hour at the default interval)
 REWARD_WINDOW_S = 300.0  # the mean reward chart averages the episodes that ended this recently
 _LEASE_STATES = [
     pool_pb2.LEASE_STATE_PENDING,
+    pool_pb2.LEASE_STATE_PULLING,
     pool_pb2.LEASE_STATE_ACTIVE,
     pool_pb2.LEASE_STATE_RELEASING,
 ]
@@ -38,6 +39,14 @@ class DashboardConfig:
     token: str = ""
     interval_s: float = 2.0
     rpc_timeout_s: float = 5.0
+
+
+def _budget(used_bytes: int, budget_bytes: int) -> str:
+    """A node's image disk budget as the table shows it ("-" where the node has none)."""
+    if budget_bytes <= 0:
+        return "-"
+    gib = 1 << 30
+    return f"{used_bytes / gib:.1f} / {budget_bytes / gib:.1f} GiB"
 
 
 def _name(enum: Any, value: int, prefix: str) -> str:
@@ -103,6 +112,8 @@ class Poller:
                 "leases": n.lease_count,
                 "warm_spares": n.warm_spare_count,
                 "images": n.image_count,
+                "image_budget": _budget(n.image_used_bytes, n.image_budget_bytes),
+                "pulls_in_flight": n.pulls_in_flight,
                 "last_seen_s": round(_age_s(n.last_seen_time, now), 1),
                 "health_message": n.health_message,
                 "failures": n.consecutive_failures,
