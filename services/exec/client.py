@@ -25,6 +25,8 @@ class ExecResult:
     bytes_dropped: int
     duration_s: float
     signaled: bool
+    # The sandbox had stopped and was started again before this command (files kept).
+    sandbox_restarted: bool = False
 
     @property
     def output(self) -> bytes:
@@ -83,6 +85,7 @@ def _result(e: pb.ExecExit, out: Mapping[pb.OutputStream, bytearray]) -> ExecRes
         bytes_dropped=e.bytes_dropped,
         duration_s=e.duration.seconds + e.duration.nanos / 1e9,
         signaled=e.signaled,
+        sandbox_restarted=e.sandbox_restarted,
     )
 
 

@@ -45,6 +45,15 @@ class ContainerInfo:
     status: str
 
 
+@dataclass(frozen=True)
+class ContainerState:
+    running: bool
+    # Of the last run, when the container is not running.
+    exit_code: int
+    oom_killed: bool
+    error: str
+
+
 class DockerBackend:
     def __init__(self, client: docker.DockerClient, *, threads: int = 32) -> None:
         self._client = client
@@ -207,11 +216,31 @@ class DockerBackend:
         ]
 
     async def is_running(self, container_id: str) -> bool:
+        state = await self.container_state(container_id)
+        return state is not None and state.running
+
+    async def container_state(self, container_id: str) -> ContainerState | None:
+        """What Docker says of the container now; None when it does not exist."""
         try:
             data = await self._call(self._api.inspect_container, container_id)
         except docker.errors.NotFound:
-            return False
-        return bool(data.get("State", {}).get("Running"))
+            return None
+        state = data.get("State") or {}
+        return ContainerState(
+            running=bool(state.get("Running")),
+            exit_code=int(state.get("ExitCode") or 0),
+            oom_killed=bool(state.get("OOMKilled")),
+            error=str(state.get("Error") or ""),
+        )
+
+    async def start(self, container_id: str) -> str:
+        """`docker start` of a stopped container (its filesystem is as it was): "" when it
+        started, else why Docker refused."""
+        try:
+            await self._call(self._api.start, container_id)
+        except docker.errors.APIError as exc:
+            return str(exc.explanation or exc)
+        return ""
 
     # -- exec -----------------------------------------------------------------------------
     async def exec_detached(self, container_id: str, argv: list[str]) -> str:

@@ -54,7 +54,16 @@ class StdinNotOpen(FailedPrecondition):
 
 
 class SandboxNotRunning(FailedPrecondition):
+    """The sandbox's container stopped and cannot be started again (it dies again right after a
+    start, or Docker refuses to start it)."""
+
     reason = "SANDBOX_NOT_RUNNING"
+
+
+class SandboxContainerRemoved(FailedPrecondition):
+    """The sandbox's container was removed behind the node's back: nothing to start again."""
+
+    reason = "SANDBOX_CONTAINER_REMOVED"
 
 
 class NotAGitRepository(FailedPrecondition):

@@ -36,7 +36,6 @@ from swerl.exec.errors import (
     NodeAtCapacity,
     NotAGitRepository,
     SandboxNotFound,
-    SandboxNotRunning,
     UnknownBaseRef,
 )
 from swerl.exec.images import CachedImage, ImageCache, PullProgress
@@ -143,6 +142,8 @@ class SandboxRecord:
     network: str
     request_id: str
     shell: SandboxShell
+    # As Docker last told (GetSandbox and ListSandboxes ask it afresh): a container that stopped
+    # is started again by its next command unless the sandbox is lost (shell.lost).
     running: bool = True
     destroying: asyncio.Future[bool] | None = None
     # When this node started tracking the sandbox (its container exists from then on).
@@ -354,6 +355,23 @@ class SandboxManager:
             for r in self._records.values()
             if r.destroying is None and all(r.labels.get(k) == v for k, v in selector.items())
         ]
+
+    async def observe(self, sandbox_id: str) -> SandboxRecord:
+        """The sandbox with its container's state as Docker tells it now (GetSandbox)."""
+        record = self.get(sandbox_id)
+        state = await self.backend.container_state(record.container_id)
+        record.running = state is not None and state.running
+        return record
+
+    async def observe_all(self, selector: Mapping[str, str]) -> list[SandboxRecord]:
+        """`list_sandboxes` with each container's state as Docker tells it now (one call)."""
+        records = self.list_sandboxes(selector)
+        if records:
+            found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
+            running = {info.container_id for info in found if info.running}
+            for record in records:
+                record.running = record.container_id in running
+        return records
 
     async def node_info(self) -> NodeInfo:
         cpus, memory = 0, 0
@@ -583,7 +601,8 @@ class SandboxManager:
             )
 
     async def _notice_exited_containers(self) -> None:
-        """Marks sandboxes whose container stopped or vanished behind swerl's back."""
+        """Logs sandboxes whose container stopped or vanished behind swerl's back (their next
+        command starts them again, or finds them lost)."""
         listed_at = time.time()
         found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
         running = {info.container_id for info in found if info.running}
@@ -593,7 +612,6 @@ class SandboxManager:
                 continue
             if record.running and record.destroying is None and record.container_id not in running:
                 record.running = False
-                record.shell.container_exited = True
                 log.warning("sandbox.exited", sandbox_id=record.sandbox_id)
 
     async def _docker_health_loop(self) -> None:
@@ -621,13 +639,8 @@ class SandboxManager:
                 sandbox_id=sandbox_id,
             )
         record = self.get(sandbox_id)
-        if not record.running or record.shell.container_exited:
-            record.running = False
-            raise SandboxNotRunning(
-                f"sandbox {sandbox_id!r} is no longer running (its container stopped);"
-                " destroy it and create another",
-                sandbox_id=sandbox_id,
-            )
+        if record.shell.lost is not None:
+            raise record.shell.lost
         cwd = spec.cwd or ("" if spec.session else record.workdir)
         return record.shell.start(
             CommandSpec(

@@ -126,6 +126,7 @@ def _exit_pb(event: Exit) -> pb.ExecExit:
         duration=duration_pb(event.duration_s),
         bytes_dropped=event.bytes_dropped,
         signaled=event.signaled,
+        sandbox_restarted=event.sandbox_restarted,
     )
 
 
@@ -162,7 +163,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self, request: pb.GetSandboxRequest, context: Any
     ) -> pb.GetSandboxResponse:
         return pb.GetSandboxResponse(
-            sandbox=sandbox_to_pb(self._m.get(request.sandbox_id), self._node)
+            sandbox=sandbox_to_pb(await self._m.observe(request.sandbox_id), self._node)
         )
 
     async def Exec(
@@ -233,7 +234,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def ListSandboxes(
         self, request: pb.ListSandboxesRequest, context: Any
     ) -> pb.ListSandboxesResponse:
-        records = self._m.list_sandboxes(dict(request.label_selector))
+        records = await self._m.observe_all(dict(request.label_selector))
         return pb.ListSandboxesResponse(sandboxes=[sandbox_to_pb(r, self._node) for r in records])
 
     async def GetNodeInfo(

@@ -34,8 +34,14 @@ from typing import Any
 
 import structlog
 
-from swerl.exec.docker_backend import DockerBackend
-from swerl.exec.errors import CwdNotFound, InvalidCommand, SandboxNotRunning, ShellUnavailable
+from swerl.exec.docker_backend import ContainerState, DockerBackend
+from swerl.exec.errors import (
+    CwdNotFound,
+    InvalidCommand,
+    SandboxContainerRemoved,
+    SandboxNotRunning,
+    ShellUnavailable,
+)
 from swerl.exec.output import STDERR, STDOUT, OutputCap
 
 log = structlog.get_logger(__name__)
@@ -43,11 +49,19 @@ log = structlog.get_logger(__name__)
 SUPERVISOR_SCRIPT = (Path(__file__).with_name("supervisor.sh")).read_bytes()
 # Where a sandbox's I/O directory is mounted inside its container.
 CONTAINER_IO_DIR = "/.swerl-io"
-# Seconds the node waits past a command's own timeout before it kills from outside: the
-# in-container watchdog should always have fired first.
-BACKSTOP_GRACE_S = 5.0
-# After killing from outside, how long to wait for the supervisor to report before replacing it.
-RESYNC_S = 5.0
+# Seconds the node waits past a command's own timeout before it steps in from outside (N13): the
+# in-container watchdog fires on time unless a command stopped or killed it (or the supervisor).
+BACKSTOP_GRACE_S = 0.5
+# After stepping in, how long the node waits for the command's end before it ends the call
+# itself: the backstop and this together stay under the promised timeout + 1 s.
+GIVE_UP_S = 0.4
+# After a cancelled caller's command was killed, how long to wait for the supervisor to report
+# before replacing it (nobody waits on the call; the next command does).
+RESYNC_S = 2.0
+# A container that stops this many times within RESTART_WINDOW_S is not started again: something
+# kills it as soon as it runs (e.g. out of memory at once), and the sandbox is lost.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 READY_TIMEOUT_S = 60.0
 READ_CHUNK = 256 * 1024
 # Output events queued for a slow caller before the FIFOs stop being read (backpressure).
@@ -133,6 +147,9 @@ class Exit:
     bytes_dropped: int
     duration_s: float
     signaled: bool
+    # The sandbox's container had stopped (a command killed every process) and was started
+    # again, filesystem intact, before this command ran.
+    sandbox_restarted: bool = False
 
 
 Event = Started | Output | Exit
@@ -211,10 +228,15 @@ def _unblock_fifo(path: Path) -> None:
 class Supervisor:
     """One `bash --login -s` in the container, fed supervisor.sh, on FIFOs of the I/O dir."""
 
-    def __init__(self, io_dir: Path, gen: int, fd_in: int, fd_out: int, fd_err: int) -> None:
+    def __init__(
+        self, io_dir: Path, gen: int, fd_in: int, fd_out: int, fd_err: int, fd_life: int
+    ) -> None:
         self.io_dir = io_dir
         self.gen = gen
         self.fd_in, self.fd_out, self.fd_err = fd_in, fd_out, fd_err
+        # Read end of the FIFO only the supervisor process holds open: its end of file says the
+        # supervisor is gone even while survivors of a command still hold the output FIFOs.
+        self.fd_life = fd_life
         self.pid = 0
         self.token = secrets.token_hex(12)
         self.scanner = MarkerScanner(self.token)
@@ -232,6 +254,7 @@ class Supervisor:
         # so that command cannot start before the node has seen that E.
         self.awaiting_end = False
         self._held: bytearray | None = None
+        self.dropped_held = False
         self._loop = asyncio.get_running_loop()
         self._ready: asyncio.Future[int] | None = None
         self._early = b""
@@ -245,9 +268,12 @@ class Supervisor:
         env: Mapping[str, str],
     ) -> Supervisor:
         gen = next(_generation)
-        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", *_SIDE_FIFOS)}
+        names = {k: io_dir / f"{k}.{gen}" for k in ("in", "out", "err", "life", *_SIDE_FIFOS)}
         for path in names.values():
             _mkfifo(path)
+        # Non-blocking, so it opens with no writer yet; it is watched only once the supervisor
+        # has opened its end (before `ready`).
+        fd_life = os.open(names["life"], os.O_RDONLY | os.O_NONBLOCK)
         flags = {"in": os.O_WRONLY, "out": os.O_RDONLY, "err": os.O_RDONLY}
         opens = {
             k: asyncio.ensure_future(asyncio.to_thread(os.open, names[k], f))
@@ -269,12 +295,12 @@ class Supervisor:
             if len(done) != len(opens):
                 raise TimeoutError("the shell did not open its FIFOs")
             fds = {k: t.result() for k, t in opens.items()}
-            sup = cls(io_dir, gen, fds["in"], fds["out"], fds["err"])
+            sup = cls(io_dir, gen, fds["in"], fds["out"], fds["err"], fd_life)
             sup._attach()
             boot = (
                 f"__swerl_io={CONTAINER_IO_DIR}; __swerl_ctl={inside['ctl']};"
                 f" __swerl_baton0={inside['baton0']}; __swerl_baton1={inside['baton1']};"
-                f" __swerl_token={sup.token}\n".encode()
+                f" __swerl_life={inside['life']}; __swerl_token={sup.token}\n".encode()
                 + SUPERVISOR_SCRIPT
                 + b"\n"
                 + env_script(env).encode()
@@ -282,12 +308,14 @@ class Supervisor:
             )
             await sup.write(boot)
             await asyncio.wait_for(sup._await_ready(), READY_TIMEOUT_S)
+            sup._watch_life()
         except BaseException as exc:
             # Any way out (errors, and cancellation when the sandbox is destroyed meanwhile)
             # must unblock the threads still opening FIFOs, or they stay blocked for good.
             if sup is not None:
                 sup.close()
             else:
+                os.close(fd_life)
                 for key, task in opens.items():
                     if not task.done():
                         _unblock_fifo(names[key])
@@ -303,7 +331,7 @@ class Supervisor:
             ) from exc
         finally:
             # Both ends of the stdio FIFOs are open now (or never will be): unlink the names.
-            for key in ("in", "out", "err"):
+            for key in ("in", "out", "err", "life"):
                 with contextlib.suppress(OSError):
                     names[key].unlink()
         return sup
@@ -318,11 +346,44 @@ class Supervisor:
         self._ready = self._loop.create_future()
         self.pid = await self._ready
 
-    def _readable(self, fd: int, stream: int) -> None:
+    def _watch_life(self) -> None:
+        self._loop.add_reader(self.fd_life, self._life_readable)
+
+    def gone(self) -> bool:
+        """Whether the supervisor process has ended (its life FIFO is at end of file); one
+        non-blocking read, cheap enough for every early end."""
+        if self.dead:
+            return True
+        try:
+            return not os.read(self.fd_life, 64)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def _life_readable(self) -> None:
+        try:
+            if os.read(self.fd_life, 64):
+                return  # nobody writes to it; nothing to do with bytes
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._loop.remove_reader(self.fd_life)
+        # The supervisor is gone. What it wrote before it went is read first (an E it sent
+        # just before counts), then its output counts as ended, whoever still holds the FIFO.
+        for _ in range(64):
+            if self.dead or not self._readable(self.fd_out, STDOUT):
+                break
+        if not self.dead:
+            self._eof()
+
+    def _readable(self, fd: int, stream: int) -> bool:
+        """Reads and dispatches one chunk; False when there was nothing to read."""
         try:
             data = os.read(fd, READ_CHUNK)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
@@ -330,7 +391,7 @@ class Supervisor:
                 self._eof()
             else:
                 self._loop.remove_reader(fd)
-            return
+            return False
         if self._ready is not None and not self._ready.done():
             # Anything the login profile prints before the ready marker is not command output.
             if stream == STDOUT:
@@ -338,11 +399,11 @@ class Supervisor:
                 match = re.search(rb"\0SWERL:ready:(\d+)\0", self._early)
                 if match:
                     self._ready.set_result(int(match.group(1)))
-            return
+            return True
         if stream == STDERR:
             if self.sink is not None and not self.awaiting_end:
                 self.sink(STDERR, data)
-            return
+            return True
         for is_marker, payload in self.scanner.feed(data):
             if self.awaiting_end:
                 if is_marker and payload.startswith(b"E:"):
@@ -352,6 +413,7 @@ class Supervisor:
                     self.on_marker(payload)
             elif self.sink is not None:
                 self.sink(STDOUT, payload)
+        return True
 
     def drain_stderr(self) -> None:
         """Reads what the command left in the stderr FIFO (called once its end marker arrived);
@@ -460,15 +522,18 @@ class Supervisor:
         if self.dead:
             return
         self.dead = True
+        # A command line held back (awaiting E) never reached a worker: its run starts over on
+        # the next supervisor (CommandRun._on_eof).
+        self.dropped_held = bool(self._held)
         self._held = None
         if self._pending is not None:
             self._pending = None
             with contextlib.suppress(Exception):
                 self._loop.remove_writer(self.fd_in)
-        for fd in (self.fd_out, self.fd_err):
+        for fd in (self.fd_out, self.fd_err, self.fd_life):
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(fd)
-        for fd in (self.fd_in, self.fd_out, self.fd_err):
+        for fd in (self.fd_in, self.fd_out, self.fd_err, self.fd_life):
             with contextlib.suppress(OSError):
                 os.close(fd)
         for name in _SIDE_FIFOS:
@@ -493,27 +558,98 @@ class SandboxShell:
         self.supervisor: Supervisor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.closed = False
-        # Set once the container was found stopped (killed from outside, out of memory).
-        self.container_exited = False
+        # Set once the container cannot be started again: every later command fails with it.
+        self.lost: SandboxNotRunning | SandboxContainerRemoved | None = None
+        # The container was started again since the last command: the next Exit says so.
+        self._restarted = False
+        self._restart_times: collections.deque[float] = collections.deque(maxlen=MAX_RESTARTS)
 
     async def ensure_supervisor(self) -> Supervisor:
+        """The live supervisor, started if there is none. When it cannot start because the
+        container stopped (a command killed every process, and docker-init ends with its child),
+        the container is started again, filesystem intact, and the next Exit says so; a container
+        that cannot be started again makes the sandbox lost (docs/shell-protocol.md, N16)."""
         sup = self.supervisor
-        if sup is None or sup.dead:
-            if self.container_exited:
-                raise self._not_running()
-            if sup is not None:
-                log.info("shell.restart", container_id=self.container_id[:12])
-            try:
-                sup = await Supervisor.start(
-                    self._backend, self.container_id, self.io_dir, self._env
-                )
-            except ShellUnavailable:
-                if not await self._backend.is_running(self.container_id):
-                    self.container_exited = True
-                    raise self._not_running() from None
+        if sup is not None and not sup.dead:
+            return sup
+        if self.lost is not None:
+            raise self.lost
+        if sup is not None:
+            log.info("shell.restart", container_id=self.container_id[:12])
+        try:
+            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+        except ShellUnavailable:
+            state = await self._backend.container_state(self.container_id)
+            if state is not None and state.running:
                 raise
-            self.supervisor = sup
+            sup = await self._start_container_again(state)
+        self.supervisor = sup
         return sup
+
+    async def _start_container_again(self, state: ContainerState | None) -> Supervisor:
+        short = self.container_id[:12]
+        if state is None:
+            raise self._lose(
+                SandboxContainerRemoved(
+                    "the sandbox's container was removed from outside; destroy the sandbox and"
+                    " create another",
+                    container_id=short,
+                )
+            )
+        now = time.monotonic()
+        if (
+            len(self._restart_times) == MAX_RESTARTS
+            and now - self._restart_times[0] < RESTART_WINDOW_S
+        ):
+            raise self._lose(
+                self._not_running(
+                    f"it stopped {MAX_RESTARTS} times within {RESTART_WINDOW_S:g} s"
+                    f" ({_how_it_ended(state)})"
+                )
+            )
+        self._restart_times.append(now)
+        log.warning("sandbox.restarting", container_id=short, ended=_how_it_ended(state))
+        refused = await self._backend.start(self.container_id)
+        if refused:
+            raise self._lose(self._not_running(f"Docker refuses to start it ({refused})"))
+        try:
+            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+        except ShellUnavailable as exc:
+            again = await self._backend.container_state(self.container_id)
+            if again is not None and again.running:
+                raise  # the container runs: the shell's own trouble, not the sandbox's
+            raise self._lose(
+                self._not_running(f"it stopped again right after a start ({_how_it_ended(again)})")
+            ) from exc
+        self._restarted = True
+        log.warning("sandbox.restarted", container_id=short)
+        return sup
+
+    def _lose(
+        self, error: SandboxNotRunning | SandboxContainerRemoved
+    ) -> SandboxNotRunning | SandboxContainerRemoved:
+        self.lost = error
+        log.warning("sandbox.lost", container_id=self.container_id[:12], reason=error.reason)
+        return error
+
+    def take_restarted(self) -> bool:
+        """Whether the container was started again since the last command asked (once)."""
+        restarted, self._restarted = self._restarted, False
+        return restarted
+
+    async def reset(self, sup: Supervisor | None, pgid: int, holder: object) -> None:
+        """Puts the shell right after a run the node ended itself, then ends `holder`'s turn:
+        what is left of the command and the old supervisor is killed, and the next supervisor
+        starts (the container too, when it stopped), so the next command finds one ready."""
+        try:
+            if sup is not None:
+                sup.close()
+            await self.kill_inside(pgid=pgid, pids=(sup.pid,) if sup is not None else ())
+            if not self.closed:
+                with contextlib.suppress(Exception):
+                    await self.ensure_supervisor()
+        finally:
+            self.end_turn(holder)
 
     async def take_turn(self, holder: object) -> None:
         """Waits until the shell is free (callers queue in arrival order), then gives it to
@@ -542,10 +678,10 @@ class SandboxShell:
 
         self.spawn(start())
 
-    def _not_running(self) -> SandboxNotRunning:
+    def _not_running(self, why: str) -> SandboxNotRunning:
         return SandboxNotRunning(
-            "the sandbox's container is no longer running (killed from outside or out of"
-            " memory); destroy it and create another",
+            f"the sandbox's container stopped and cannot be started again: {why}; destroy the"
+            " sandbox and create another",
             container_id=self.container_id[:12],
         )
 
@@ -586,6 +722,12 @@ class SandboxShell:
                 run.abandon()
         raise ShellUnavailable("command ended without an exit status")
 
+    def timed_out_pgid(self) -> int:
+        """The process group the watchdog last killed at its deadline (0 if none is left)."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.io_dir / "timeout").read_text().split()[0])
+        return 0
+
     def current_pgid(self, nonce: str) -> int:
         """The process group of the command with this nonce, once it has been forked."""
         with contextlib.suppress(OSError, ValueError):
@@ -602,13 +744,22 @@ class SandboxShell:
                 self.container_id, ["bash", "-c", f"kill -s {signal} -- -{int(pgid)}"]
             )
 
-    async def kill_supervisor(self, sup: Supervisor) -> None:
-        sup.close()
-        if sup.pid:
+    async def kill_inside(
+        self, *, pgid: int = 0, pids: tuple[int, ...] = (), cont: tuple[int, ...] = ()
+    ) -> None:
+        """One side `docker exec` that continues `cont` (stopped by a command), then kills the
+        process group `pgid` and the processes `pids`; a container that stopped meanwhile has
+        nothing left to kill."""
+        script = "".join(
+            [
+                *(f"kill -s CONT {int(pid)}; " for pid in cont if pid),
+                f"kill -s KILL -- -{int(pgid)}; " if pgid else "",
+                *(f"kill -s KILL {int(pid)}; " for pid in pids if pid),
+            ]
+        )
+        if script:
             with contextlib.suppress(Exception):
-                await self._backend.exec_run(
-                    self.container_id, ["bash", "-c", f"kill -KILL {int(sup.pid)}"]
-                )
+                await self._backend.exec_run(self.container_id, ["bash", "-c", script + "exit 0"])
 
     async def close(self) -> None:
         self.closed = True
@@ -661,6 +812,8 @@ class CommandRun:
         self._backstop_fired = False
         self._cwd_missing = False
         self._backstop: asyncio.TimerHandle | None = None
+        self._give_up: asyncio.TimerHandle | None = None
+        self._restarted = False
         self._exit_code: int | None = None
         self._cap = OutputCap(max(spec.max_output_bytes, 2))
         self._started_at = 0.0
@@ -779,9 +932,8 @@ class CommandRun:
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
             await asyncio.wait_for(self.wait_finished(), RESYNC_S)
             return
-        if self._sup is not None:
-            await self._shell.kill_supervisor(self._sup)
-            self._on_eof()
+        if self._state == _RUNNING:
+            self._end_now(timed_out=False)
 
     async def write_stdin(self, data: bytes, close: bool) -> None:
         if self._stdin_ready is None:
@@ -820,7 +972,11 @@ class CommandRun:
         sup = self._sup
         assert sup is not None
         kind = payload[:2]
-        if kind in (b"E:", b"W:"):
+        if kind == b"W:" and sup.gone():
+            # The command ended on its own just as the supervisor died: it killed the
+            # supervisor (or every process), so it is reported as N10 says, not by its W.
+            self._on_eof()
+        elif kind in (b"E:", b"W:"):
             self._exit_code = int(payload[2:])
             sup.drain_stderr()
             if kind == b"W:":
@@ -838,28 +994,36 @@ class CommandRun:
             self._put(Output(out_stream, chunk))
 
     def _on_eof(self) -> None:
-        """The supervisor died under the command (e.g. `kill -9 $$`) or was replaced."""
+        """The supervisor died under the command (`kill -9 $$`, or every process killed): N10."""
         if self._state != _RUNNING or self._exit_code is not None:
             return
         sup = self._sup
-        self._exit_code = 137
+        if sup is not None and sup.dead and sup.dropped_held:
+            # It died before this command's line left the node (the command before ended by W
+            # as it killed the supervisor): nothing ran, so the command runs on the next one.
+            sup.sink = sup.on_marker = sup.on_eof = None
+            self._shell.spawn(self._start_over())
+            return
+        pgid = self._shell.current_pgid(self.nonce)
+        # The watchdog leaves the pgid it killed at the deadline in the timeout file.
+        self._end_now(timed_out=bool(pgid) and self._shell.timed_out_pgid() == pgid)
+
+    def _end_now(self, *, timed_out: bool) -> None:
+        """Ends the run at once with 137 (killed), without waiting for anything in the
+        container; the turn stays held until the shell is put right (SandboxShell.reset)."""
+        sup = self._sup
+        pgid = self._shell.current_pgid(self.nonce)
         if sup is not None:
             sup.sink = sup.on_marker = sup.on_eof = None
             sup.close()
-        self._shell.spawn(self._after_eof())
+        self._exit_code = 137
+        self._timed_out = self._timed_out or timed_out
+        self._finish(137, keep_turn=True)
+        self._shell.spawn(self._shell.reset(sup, pgid, self))
 
-    async def _after_eof(self) -> None:
-        # The command's process group may still be alive.
-        try:
-            pgid = self._shell.current_pgid(self.nonce)
-            if pgid:
-                await self._shell.kill_group(pgid)
-        finally:
-            self._timed_out = self._timed_out or self._backstop_fired
-            self._finish(137)
-
-    def _finish(self, exit_code: int) -> None:
-        """The command has ended: hand over its exit, then free the shell for the next one."""
+    def _finish(self, exit_code: int, *, keep_turn: bool = False) -> None:
+        """The command has ended: hand over its exit, then free the shell for the next one
+        (unless `keep_turn`: then whoever puts the shell right ends the turn)."""
         if self._state != _RUNNING:
             return
         for out_stream, chunk in self._cap.finish():
@@ -872,28 +1036,33 @@ class CommandRun:
                     cwd=self.spec.cwd,
                 )
             )
-            self._release()
+            self._release(keep_turn)
             return
+        # Past its timeout and the backstop's grace, a command that ended did so because the
+        # node stepped in: it timed out, whoever delivered the kill.
+        timed_out = self._timed_out or self._backstop_fired
         self._put(
             Exit(
                 exit_code=exit_code,
-                timed_out=self._timed_out,
+                timed_out=timed_out,
                 output_truncated=self._cap.truncated,
                 bytes_dropped=self._cap.dropped,
                 duration_s=time.monotonic() - self._started_at,
-                signaled=self._signaled and not self._timed_out,
+                signaled=self._signaled and not timed_out,
+                sandbox_restarted=self._restarted,
             )
         )
-        self._release()
+        self._release(keep_turn)
 
-    def _release(self) -> None:
+    def _release(self, keep_turn: bool = False) -> None:
         self._state = _FINISHED
         sup = self._sup
         if sup is not None and sup.sink == self._on_output:
             sup.sink = sup.on_marker = sup.on_eof = None
             sup.scanner.end_id = b""
-        if self._backstop is not None:
-            self._backstop.cancel()
+        for timer in (self._backstop, self._give_up):
+            if timer is not None:
+                timer.cancel()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -905,7 +1074,8 @@ class CommandRun:
             self._stdin_ready.set()
             self._close_stdin()
             self._drop_stdin_fifo()
-        self._shell.end_turn(self)
+        if not keep_turn:
+            self._shell.end_turn(self)
 
     def _drop_stdin_fifo(self) -> None:
         opening = self._opening
@@ -934,19 +1104,36 @@ class CommandRun:
                 raise
             self._items.append(exc)
             return
-        self._sup = sup
-        loop = asyncio.get_running_loop()
-        sup.sink, sup.on_marker, sup.on_eof = self._on_output, self._on_marker, self._on_eof
-        sup.scanner.end_id = self._end_id.encode()
         self._state = _RUNNING
         self._started_at = time.monotonic()
+        loop = asyncio.get_running_loop()
         self._backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop_fire)
         if self._stdin_fifo is not None:
             self._opening = asyncio.ensure_future(
                 asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
             )
             shell.spawn(self._await_stdin(self._opening))
+        self._send_to(sup)
+
+    def _send_to(self, sup: Supervisor) -> None:
+        self._sup = sup
+        self._restarted = self._shell.take_restarted()
+        sup.sink, sup.on_marker, sup.on_eof = self._on_output, self._on_marker, self._on_eof
+        sup.scanner.end_id = self._end_id.encode()
         sup.send(self._line)
+
+    async def _start_over(self) -> None:
+        """The line never reached the supervisor that died: send it to the next one (started
+        now, and the container with it when it stopped), still holding the turn."""
+        try:
+            sup = await self._shell.ensure_supervisor()
+        except Exception as exc:
+            if self._state == _RUNNING:  # as N2: the error is the run's last event
+                self._put(exc)
+                self._release()
+            return
+        if self._state == _RUNNING:
+            self._send_to(sup)
 
     async def _await_stdin(self, opening: asyncio.Future[int]) -> None:
         assert self._stdin_ready is not None
@@ -964,19 +1151,36 @@ class CommandRun:
         self._stdin_ready.set()
 
     def _backstop_fire(self) -> None:
-        """The in-container watchdog did not end the command: kill from outside, then reset."""
+        """N13: the command outlived its timeout by BACKSTOP_GRACE_S, so the watchdog did not end
+        it (a command stopped or killed it, or stopped the supervisor). The node continues the
+        supervisor and kills the group from outside; if the end still has not come GIVE_UP_S
+        later, the node ends the call itself and replaces the supervisor."""
         self._backstop_fired = True
         sup = self._sup
         log.warning("exec.backstop", container_id=self._shell.container_id[:12])
+        self._shell.spawn(
+            self._shell.kill_inside(
+                pgid=self._shell.current_pgid(self.nonce),
+                cont=(sup.pid,) if sup is not None else (),
+            )
+        )
+        self._give_up = asyncio.get_running_loop().call_later(GIVE_UP_S, self._give_up_fire)
 
-        async def escalate() -> None:
-            await self._kill("KILL")
-            await asyncio.sleep(RESYNC_S)
-            if self._state != _FINISHED and sup is not None:
-                await self._shell.kill_supervisor(sup)
-                self._on_eof()
+    def _give_up_fire(self) -> None:
+        if self._state == _RUNNING:
+            log.warning("exec.backstop_gave_up", container_id=self._shell.container_id[:12])
+            self._end_now(timed_out=True)
 
-        self._shell.spawn(escalate())
+
+def _how_it_ended(state: ContainerState | None) -> str:
+    if state is None:
+        return "removed"
+    how = f"exit code {state.exit_code}"
+    if state.oom_killed:
+        how += ", out of memory"
+    if state.error:
+        how += f", {state.error}"
+    return how
 
 
 def _close_opened(opening: asyncio.Future[int]) -> None:

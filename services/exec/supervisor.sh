@@ -13,7 +13,9 @@
 #
 # Variables set by the node before this file: __swerl_io (the I/O directory in the container),
 # __swerl_ctl, __swerl_baton0 and __swerl_baton1 (FIFOs in it for the watchdog's sleep and the
-# workers' turns to read) and __swerl_token.
+# workers' turns to read), __swerl_life (a FIFO only the supervisor itself holds open: its end
+# tells the node the supervisor is gone, whoever else still holds the output FIFOs) and
+# __swerl_token.
 
 set +o history +o errexit +o nounset +o pipefail 2>/dev/null
 __swerl_dir=/tmp/.swerl
@@ -36,11 +38,12 @@ unset __swerl_f
 # more fires on time, a shorter one within a second. Past its deadline, a command whose process
 # group still exists overran: the watchdog leaves the pgid in the timeout file for the
 # supervisor, then kills the whole group. It sleeps in a read on a FIFO nobody writes to, holds
-# none of the supervisor's output FIFOs (so a dead supervisor's output ends at once), and exits
-# when the supervisor is gone.
+# none of the supervisor's output FIFOs nor its life FIFO, and exits when the supervisor is gone.
+# A command that stops or kills it only delays the next timeout: the supervisor continues it
+# (or forks a new one) after every command, and the node's backstop covers the command at hand.
 __swerl_watchdog() {
   local n pgid dl end now left handled= boss=$$
-  exec 8<>"$__swerl_ctl" </dev/null >/dev/null 2>&1
+  exec 8<>"$__swerl_ctl" 5>&- 9>&- </dev/null >/dev/null 2>&1
   while kill -0 "$boss" 2>/dev/null; do
     left=1000000
     # The nonce at both ends tells a whole record from one caught half-written.
@@ -83,13 +86,15 @@ __swerl_save_session() {
   command mv -f "$__swerl_session.tmp" "$__swerl_session"
 }
 
-# C5. The worker's EXIT trap. A SESSION command's state is saved first. Then, if the command ended
+# C5. The worker's EXIT trap. A supervisor the command stopped (SIGSTOP) is continued first: it
+# must reap this worker and report. A SESSION command's state is saved next. Then, if the command ended
 # on its own (not through `exit`, errexit or a signal: those leave __swerl_rc unset) and stdout
 # is still the supervisor's FIFO, the early end marker W goes out with the command's status. Its
 # id ($1) is a one-time value the node made for this command alone, not the supervisor's token:
 # a command that reads it from `trap -p` can only end its own run early. A command that sets its
 # own EXIT trap replaces this one, and the supervisor's E is then its only end marker.
 __swerl_exit() {
+  kill -s CONT "$$" 2>/dev/null
   [ "$__swerl_mode" = s ] && __swerl_save_session
   [ -n "${__swerl_rc-}" ] && [ /proc/self/fd/1 -ef "/proc/$$/fd/1" ] &&
     printf '\0SWERL:%s:W:%d\0' "$1" "$__swerl_rc"
@@ -126,9 +131,11 @@ __swerl_command() {
   exit "$__swerl_rc"
 }
 
-# C3. $1: the fd of this worker's baton, $2: the fd of the next worker's.
+# C3. $1: the fd of this worker's baton, $2: the fd of the next worker's. The life FIFO (fd 9)
+# and the supervisor's /dev/null (fd 5) are closed first: only the supervisor holds the former.
 __swerl_worker() {
   local __len __line
+  exec 5>&- 9>&-
   read -r -N 1 -u "$1" __len
   # End of input means the node is gone: take the supervisor down with us.
   IFS= read -r -N 8 __len && [ ${#__len} = 8 ] || { kill -KILL "$$"; exit 0; }
@@ -140,8 +147,11 @@ __swerl_worker() {
 
 # C2, C6. Workers take commands in the order they were forked (see the batons above): the supervisor
 # waits for exactly the oldest one (bash keeps the status of a child that already ended, so a
-# fast command cannot be missed), kills what is left of its process group, reports, and forks a
-# replacement while the node is busy with the result.
+# fast command cannot be missed; under job control a worker that was stopped counts as ended,
+# 128 + SIGSTOP), kills what is left of its process group, reports, and forks a replacement
+# while the node is busy with the result. What a command may have stopped or killed of the
+# machinery is put right after its E: the next worker and the watchdog get SIGCONT, and a dead
+# watchdog is forked again (one kill(2) each, off the critical path).
 __swerl_loop() {
   # Names start with __ so commands (forked from here) neither see nor save them as their own.
   local __rc __cur __next __even=1 __t __tasks __alone=0
@@ -173,6 +183,11 @@ __swerl_loop() {
     fi
     printf '\0SWERL:%s:E:%d\0' "$__swerl_token" "$__rc"
     __cur=$__next
+    kill -s CONT "$__cur" 2>&5
+    if ! kill -s CONT "$__swerl_wd" 2>&5; then
+      __swerl_watchdog &
+      __swerl_wd=$!
+    fi
     if [ "$__even" = 1 ]; then __swerl_worker 6 7 & else __swerl_worker 7 6 & fi
     __next=$!
     __even=$((1 - __even))
@@ -186,6 +201,10 @@ __swerl_start() {
 }
 
 set -m
+# fd 9: the life FIFO (the node's reader sees its end when this process is gone); fd 5: where
+# the loop's kill(1)s of processes a command may have killed send their complaint.
+exec 9>"$__swerl_life" 5>/dev/null
 __swerl_watchdog &
+__swerl_wd=$!
 exec 6<>"$__swerl_baton0" 7<>"$__swerl_baton1"
 printf x >&6

@@ -101,6 +101,7 @@ class ExecStream:
                         bytes_dropped=e.bytes_dropped,
                         duration_s=e.duration.ToNanoseconds() / 1e9,
                         signaled=e.signaled,
+                        sandbox_restarted=e.sandbox_restarted,
                     )
         finally:
             self.end_requests()
