@@ -134,6 +134,10 @@ class CreateSpec:
     # Set only by the node's evaluator, never from a request: lets evaluation sandboxes have the
     # bridge network when ExecSettings.evaluation_network is on, whatever allow_bridge_network.
     for_evaluation: bool = False
+    # Set only by the node's fork code (swerl.exec.forks), never from a request: the checkpoint
+    # the sandbox starts from and the node-local image that holds it (`image` stays the task's).
+    checkpoint_id: str = ""
+    from_image: str = ""
 
 
 @dataclass
@@ -157,6 +161,8 @@ class SandboxRecord:
     destroying: asyncio.Future[bool] | None = None
     # When this node started tracking the sandbox (its container exists from then on).
     tracked_since: float = field(default_factory=time.time)
+    # The checkpoint (fork image) the sandbox was created from, if any.
+    checkpoint_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,8 @@ class SandboxManager:
         self.docker_healthy = True
         self.docker_version = ""
         self.docker_error = ""
+        # Called with each destroyed sandbox (swerl.exec.forks frees fork images it held).
+        self.after_destroy: list[Callable[[SandboxRecord], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -305,6 +313,7 @@ class SandboxManager:
             ),
             network=labels.get(LABEL_PREFIX + "network", "none"),
             request_id=labels.get(LABEL_PREFIX + "request_id", ""),
+            checkpoint_id=labels.get(LABEL_PREFIX + "checkpoint_id", ""),
             shell=SandboxShell(
                 self.backend, container_id, self.io_dir(labels[LABEL_PREFIX + "sandbox_id"]), env
             ),
@@ -323,6 +332,11 @@ class SandboxManager:
         if record is None or record.destroying is not None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r} on this node", sandbox_id=sandbox_id)
         return record
+
+    def by_request_id(self, request_id: str) -> SandboxRecord | None:
+        """The live sandbox a create with this request_id made, if any."""
+        record = self._records.get(self._by_request.get(request_id, ""))
+        return record if record is not None and record.destroying is None else None
 
     @property
     def checks_lease_tokens(self) -> bool:
@@ -422,7 +436,7 @@ class SandboxManager:
 
     async def _create(self, spec: CreateSpec) -> SandboxRecord:
         try:
-            if not await self.backend.image_present(spec.image):
+            if not await self.backend.image_present(spec.from_image or spec.image):
                 raise ImageNotPresent(
                     f"image {spec.image!r} is not present on node {self.settings.node_id};"
                     " swerl never pulls implicitly (use EnsureImages)",
@@ -456,12 +470,14 @@ class SandboxManager:
                 LABEL_PREFIX + "memory_bytes": str(resources.memory_bytes),
                 LABEL_PREFIX + "pids": str(resources.pids),
             }
+            if spec.checkpoint_id:
+                labels[LABEL_PREFIX + "checkpoint_id"] = spec.checkpoint_id
             labels.update({ENV_LABEL + k: v for k, v in spec.env.items()})
             labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
             container_id = await self.backend.create_and_start(
                 ContainerSpec(
                     name="swerl-" + sandbox_id,
-                    image=spec.image,
+                    image=spec.from_image or spec.image,
                     workdir=spec.workdir,
                     env=dict(spec.env),
                     labels=labels,
@@ -528,6 +544,8 @@ class SandboxManager:
         self.store.delete(sandbox_id)
         future.set_result(True)
         log.info("sandbox.destroyed", sandbox_id=sandbox_id)
+        for hook in self.after_destroy:
+            hook(record)
         return True
 
     async def _reap_loop(self) -> None:
