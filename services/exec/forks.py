@@ -133,6 +133,10 @@ class ForkManager:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        # A last round: images whose last copy was destroyed just before the stop go now
+        # rather than at the next start.
+        with contextlib.suppress(Exception):
+            await self.collect()
         self._checkpoints.clear()
         self._by_request.clear()
 
