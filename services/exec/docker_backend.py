@@ -265,3 +265,43 @@ class DockerBackend:
             return int(code if code is not None else -1), bytes(output or b"")
 
         return await self._call(run)
+
+    # -- fork images (swerl.exec.forks) ---------------------------------------------------
+    async def commit(
+        self, container_id: str, repository: str, tag: str, labels: dict[str, str]
+    ) -> str:
+        """Commits a container's writable layer to a local image; returns the image id.
+
+        Docker pauses the container for the commit, so the layer is a consistent snapshot; its
+        labels are the container's with `labels` on top (Docker merges them, it cannot drop any).
+        """
+        created = await self._call(
+            self._api.commit,
+            container_id,
+            repository=repository,
+            tag=tag,
+            pause=True,
+            conf={"Labels": labels},
+        )
+        return str(created["Id"])
+
+    async def top_layer_size(self, image: str) -> int:
+        """Bytes of the image's newest layer (for a fork image: the sandbox's changes)."""
+        history = await self._call(self._api.history, image)
+        return int(history[0].get("Size", 0) or 0) if history else 0
+
+    async def list_labelled_images(self, label_filters: dict[str, str]) -> list[dict[str, Any]]:
+        filters = {"label": [f"{k}={v}" if v else k for k, v in label_filters.items()]}
+        return await self._call(self._api.images, filters=filters)
+
+    async def remove_unused_image(self, image: str) -> bool:
+        """Removes an unused image: True once it is gone, False while a container uses it."""
+        try:
+            await self._call(self._api.remove_image, image, force=False, noprune=False)
+        except docker.errors.NotFound:
+            return True
+        except docker.errors.APIError as exc:
+            if exc.status_code == 409:  # a container (perhaps being removed) still uses it
+                return False
+            raise
+        return True

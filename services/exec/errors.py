@@ -86,3 +86,13 @@ class ShellUnavailable(Unavailable):
     """The in-container shell could not be started (e.g. the image has no bash)."""
 
     reason = "SHELL_UNAVAILABLE"
+
+
+class SandboxBusy(FailedPrecondition):
+    """A fork or checkpoint of a sandbox while one of its commands runs or waits."""
+
+    reason = "SANDBOX_BUSY"
+
+
+class CheckpointNotFound(NotFound):
+    reason = "CHECKPOINT_NOT_FOUND"

@@ -49,6 +49,10 @@ from swerl.exec.errors import DockerUnavailable
 from swerl.exec.settings import ExecSettings
 from swerl.exec.store import NodeStore
 
+# Fork images (ForkSandbox/CheckpointSandbox) carry this label: they take room in the budget, but
+# only the fork manager removes them (when no checkpoint or sandbox needs them).
+FORK_IMAGE_LABEL = "swerl.checkpoint_id"
+
 log = structlog.get_logger(__name__)
 
 # ImagePullResult reasons, and the ones a later attempt of the same pull can cure.
@@ -103,6 +107,7 @@ class CachedImage:
     pinned: bool
     in_use_count: int  # sandboxes (running, spare or being created) made from it
     cached: bool  # counted against the budget (pulled or used by the node)
+    checkpoint_id: str = ""  # set on a fork image: the checkpoint it holds
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,7 @@ class ImageCache:
                 pinned=self._is_pinned(row),
                 in_use_count=in_use[row["Id"]],
                 cached=row["Id"] in uses and not self._is_pinned(row),
+                checkpoint_id=(row.get("Labels") or {}).get(FORK_IMAGE_LABEL, ""),
             )
             for row in rows
         ]
@@ -298,7 +304,7 @@ class ImageCache:
         rows = await self.backend.list_images()
         uses = self.store.image_uses()
         cached = [r for r in rows if r["Id"] in uses and not self._is_pinned(r)]
-        used = sum(int(r.get("Size", 0) or 0) for r in cached)
+        used = sum(int(r.get("Size", 0) or 0) for r in cached) + _fork_bytes(rows)
         metrics.IMAGE_BUDGET_USED.set(used)
         return CacheUsage(self.budget, used, len(cached))
 
@@ -486,7 +492,11 @@ class ImageCache:
         for gone in uses.keys() - present:  # removed behind the node's back
             self.store.forget_image(gone)
         cached = [r for r in rows if r["Id"] in uses and not self._is_pinned(r)]
-        used = sum(int(r.get("Size", 0) or 0) for r in cached) + sum(self._reserved.values())
+        used = (
+            sum(int(r.get("Size", 0) or 0) for r in cached)
+            + _fork_bytes(rows)
+            + sum(self._reserved.values())
+        )
         if used + need_bytes <= self.budget:
             metrics.IMAGE_BUDGET_USED.set(used)
             return True
@@ -529,6 +539,13 @@ def _backoff(initial_s: float, *, max_s: float) -> tenacity.wait.wait_base:
     parameters = inspect.signature(tenacity.wait_exponential_jitter).parameters
     scale = "multiplier" if "multiplier" in parameters else "initial"
     return tenacity.wait_exponential_jitter(**{scale: initial_s}, max=max_s, jitter=initial_s)
+
+
+def _fork_bytes(rows: list[dict[str, Any]]) -> int:
+    """Bytes of the fork images among `rows` (counted against the budget, never evicted)."""
+    return sum(
+        int(r.get("Size", 0) or 0) for r in rows if FORK_IMAGE_LABEL in (r.get("Labels") or {})
+    )
 
 
 def _tags(row: dict[str, Any]) -> list[str]:

@@ -123,6 +123,10 @@ class CreateSpec:
     # Set only by the node's evaluator, never from a request: lets evaluation sandboxes have the
     # bridge network when ExecSettings.evaluation_network is on, whatever allow_bridge_network.
     for_evaluation: bool = False
+    # Set only by the node's fork code (swerl.exec.forks), never from a request: the checkpoint
+    # the sandbox starts from and the node-local image that holds it (`image` stays the task's).
+    checkpoint_id: str = ""
+    from_image: str = ""
 
 
 @dataclass
@@ -148,6 +152,8 @@ class SandboxRecord:
     destroying: asyncio.Future[bool] | None = None
     # When this node started tracking the sandbox (its container exists from then on).
     tracked_since: float = field(default_factory=time.time)
+    # The checkpoint (fork image) the sandbox was created from, if any.
+    checkpoint_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,8 @@ class SandboxManager:
         for record in self._records.values():
             yield record.image
         yield from self._creating_images.elements()
+        # Called with each destroyed sandbox (swerl.exec.forks frees fork images it held).
+        self.after_destroy: list[Callable[[SandboxRecord], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -310,6 +318,7 @@ class SandboxManager:
             ),
             network=labels.get(LABEL_PREFIX + "network", "none"),
             request_id=labels.get(LABEL_PREFIX + "request_id", ""),
+            checkpoint_id=labels.get(LABEL_PREFIX + "checkpoint_id", ""),
             shell=SandboxShell(
                 self.backend, container_id, self.io_dir(labels[LABEL_PREFIX + "sandbox_id"]), env
             ),
@@ -328,6 +337,11 @@ class SandboxManager:
         if record is None or record.destroying is not None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r} on this node", sandbox_id=sandbox_id)
         return record
+
+    def by_request_id(self, request_id: str) -> SandboxRecord | None:
+        """The live sandbox a create with this request_id made, if any."""
+        record = self._records.get(self._by_request.get(request_id, ""))
+        return record if record is not None and record.destroying is None else None
 
     @property
     def checks_lease_tokens(self) -> bool:
@@ -449,7 +463,7 @@ class SandboxManager:
 
     async def _create(self, spec: CreateSpec) -> SandboxRecord:
         try:
-            image_info = await self.backend.inspect_image(spec.image)
+            image_info = await self.backend.inspect_image(spec.from_image or spec.image)
             if image_info is None:
                 raise ImageNotPresent(
                     f"image {spec.image!r} is not present on node {self.settings.node_id};"
@@ -484,12 +498,14 @@ class SandboxManager:
                 LABEL_PREFIX + "memory_bytes": str(resources.memory_bytes),
                 LABEL_PREFIX + "pids": str(resources.pids),
             }
+            if spec.checkpoint_id:
+                labels[LABEL_PREFIX + "checkpoint_id"] = spec.checkpoint_id
             labels.update({ENV_LABEL + k: v for k, v in spec.env.items()})
             labels.update({USER_LABEL + k: v for k, v in spec.labels.items()})
             container_id = await self.backend.create_and_start(
                 ContainerSpec(
                     name="swerl-" + sandbox_id,
-                    image=spec.image,
+                    image=spec.from_image or spec.image,
                     workdir=spec.workdir,
                     env=dict(spec.env),
                     labels=labels,
@@ -509,7 +525,8 @@ class SandboxManager:
             # The login shell (profile, conda activation) starts now rather than on the first
             # command, off the agent's critical path.
             record.shell.warm()
-            self.images.mark_used(str(image_info["Id"]))
+            if not spec.from_image:  # fork images are the fork manager's, not the cache's
+                self.images.mark_used(str(image_info["Id"]))
             log.info("sandbox.created", sandbox_id=sandbox_id, image=spec.image)
             return record
         finally:
@@ -560,6 +577,8 @@ class SandboxManager:
         self.store.delete(sandbox_id)
         future.set_result(True)
         log.info("sandbox.destroyed", sandbox_id=sandbox_id)
+        for hook in self.after_destroy:
+            hook(record)
         return True
 
     async def _reap_loop(self) -> None:

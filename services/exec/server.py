@@ -15,6 +15,7 @@ from swerl.chassis.server import GrpcServer
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.evaluate import Evaluator
 from swerl.exec.evaluate_servicer import EvaluateServicer
+from swerl.exec.forks import CheckpointStore, ForkManager
 from swerl.exec.pool_registration import register_with_pool
 from swerl.exec.sandboxes import SandboxManager
 from swerl.exec.servicer import SandboxServicer
@@ -39,9 +40,13 @@ class ExecNode:
         self.manager = SandboxManager(
             settings, self.backend, self.store, on_docker_health=self._docker_health_changed
         )
+        self.forks = ForkManager(
+            self.manager,
+            CheckpointStore(str(settings.state_dir / f"{settings.node_id}.checkpoints.sqlite")),
+        )
         self.server.add_service(
             sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
-            SandboxServicer(self.manager),
+            SandboxServicer(self.manager, self.forks),
             [SANDBOX_SERVICE],
         )
         self.server.add_service(
@@ -59,6 +64,7 @@ class ExecNode:
 
     async def start(self) -> int:
         await self.manager.start()
+        await self.forks.start()
         self.port = await self.server.start()
         if self.settings.pool_address:
             address = self.settings.advertise_address or self.server.address
@@ -70,7 +76,9 @@ class ExecNode:
     async def _shutdown(self) -> None:
         if self._registration is not None:
             self._registration.cancel()
+        await self.forks.stop()
         await self.manager.stop()
+        self.forks.store.close()
         self.store.close()
         self.backend.close()
 

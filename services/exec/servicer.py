@@ -19,6 +19,7 @@ from swerl.exec.commands import (
     run_command,
     run_commands,
 )
+from swerl.exec.forks import Checkpoint, ForkManager
 from swerl.exec.images import CachedImage
 from swerl.exec.output import STDERR, STDOUT
 from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
@@ -84,6 +85,24 @@ def sandbox_to_pb(record: SandboxRecord, node_id: str) -> pb.Sandbox:
         ),
         network=NETWORK_TO_PB.get(record.network, pb.NETWORK_MODE_NONE),
         node_id=node_id,
+        checkpoint_id=record.checkpoint_id,
+    )
+
+
+def checkpoint_to_pb(checkpoint: Checkpoint, in_use: int) -> pb.Checkpoint:
+    # A ForkSandbox fork point ends when it is made (it lives on in its copies only).
+    ended_at_birth = checkpoint.expire_time <= checkpoint.create_time
+    return pb.Checkpoint(
+        checkpoint_id=checkpoint.checkpoint_id,
+        name=checkpoint.name,
+        source_sandbox_id=checkpoint.source_sandbox_id,
+        image=checkpoint.image,
+        fork_image=checkpoint.fork_image,
+        create_time=timestamp_pb(checkpoint.create_time),
+        expire_time=None if ended_at_birth else timestamp_pb(checkpoint.expire_time),
+        sandboxes=in_use,
+        size_bytes=checkpoint.size_bytes,
+        labels=checkpoint.labels,
     )
 
 
@@ -131,8 +150,9 @@ def _exit_pb(event: Exit) -> pb.ExecExit:
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, manager: SandboxManager) -> None:
+    def __init__(self, manager: SandboxManager, forks: ForkManager) -> None:
         self._m = manager
+        self._forks = forks
 
     @property
     def _node(self) -> str:
@@ -142,7 +162,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self, request: pb.CreateSandboxRequest, context: Any
     ) -> pb.CreateSandboxResponse:
         res = request.resources
-        record = await self._m.create(
+        create = (
+            (lambda spec: self._forks.create_from(request.from_checkpoint, spec))
+            if request.from_checkpoint
+            else self._m.create
+        )
+        record = await create(
             CreateSpec(
                 image=request.image,
                 request_id=request.request_id,
@@ -271,6 +296,56 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         async for event in events:
             yield _image_event_to_pb(event)
 
+    async def ForkSandbox(
+        self, request: pb.ForkSandboxRequest, context: Any
+    ) -> pb.ForkSandboxResponse:
+        require_lease_token(self._m, context, request.sandbox_id)
+        result = await self._forks.fork(
+            request.sandbox_id,
+            request.count,
+            request_id=request.request_id,
+            ttl_s=seconds_of(request.ttl),
+            labels=dict(request.labels),
+            lease_ids=list(request.lease_ids),
+            owner=request.owner,
+        )
+        return pb.ForkSandboxResponse(
+            sandboxes=[sandbox_to_pb(r, self._node) for r in result.sandboxes],
+            checkpoint=checkpoint_to_pb(
+                result.checkpoint, self._forks.in_use(result.checkpoint.checkpoint_id)
+            ),
+        )
+
+    async def CheckpointSandbox(
+        self, request: pb.CheckpointSandboxRequest, context: Any
+    ) -> pb.CheckpointSandboxResponse:
+        require_lease_token(self._m, context, request.sandbox_id)
+        checkpoint = await self._forks.checkpoint(
+            request.sandbox_id,
+            request_id=request.request_id,
+            name=request.name,
+            ttl_s=seconds_of(request.ttl),
+            labels=dict(request.labels),
+        )
+        return pb.CheckpointSandboxResponse(
+            checkpoint=checkpoint_to_pb(checkpoint, self._forks.in_use(checkpoint.checkpoint_id))
+        )
+
+    async def ListCheckpoints(
+        self, request: pb.ListCheckpointsRequest, context: Any
+    ) -> pb.ListCheckpointsResponse:
+        return pb.ListCheckpointsResponse(
+            checkpoints=[
+                checkpoint_to_pb(c, self._forks.in_use(c.checkpoint_id))
+                for c in self._forks.list_checkpoints()
+            ]
+        )
+
+    async def DeleteCheckpoint(
+        self, request: pb.DeleteCheckpointRequest, context: Any
+    ) -> pb.DeleteCheckpointResponse:
+        return pb.DeleteCheckpointResponse(existed=await self._forks.delete(request.checkpoint_id))
+
 
 def _image_to_pb(image: CachedImage) -> pb.Image:
     return pb.Image(
@@ -283,6 +358,7 @@ def _image_to_pb(image: CachedImage) -> pb.Image:
         in_use_count=image.in_use_count,
         cached=image.cached,
         use_count=image.use_count,
+        checkpoint_id=image.checkpoint_id,
     )
 
 

@@ -665,6 +665,14 @@ class SandboxShell:
         self._turn = None
         self._lock.release()
 
+    def busy(self) -> bool:
+        """Whether a command holds the shell or waits for it (the warm-up does not count): a
+        fork must see the filesystem between commands, never in the middle of one."""
+        waiting = getattr(self._lock, "_waiters", None) or ()
+        return (self._turn is not None and self._turn is not self) or any(
+            not w.cancelled() for w in waiting
+        )
+
     def warm(self) -> None:
         """Starts the shell in the background, so the first command does not pay for it."""
 

@@ -341,6 +341,30 @@ class PoolClient:
                 response = await self.stub.AcquireLease(request, timeout=wait_s + 60.0)
         return response.lease
 
+    async def fork(
+        self,
+        lease_id: str,
+        count: int,
+        *,
+        request_id: str | None = None,
+        wait_s: float = 60.0,
+        ttl_s: float | None = None,
+        owner: str = "",
+    ) -> pb.ForkLeaseResponse:
+        """ForkLease, retried with the same request_id while the pool is unreachable."""
+        request = pb.ForkLeaseRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            lease_id=lease_id,
+            count=count,
+            ttl=duration_pb(ttl_s or 0.0),
+            wait_timeout=duration_pb(wait_s),
+            owner=owner,
+        )
+        async for attempt in async_retrying(max_delay_s=max(30.0, wait_s)):
+            with attempt:
+                response = await self.stub.ForkLease(request, timeout=wait_s + 120.0)
+        return response
+
     async def release(self, lease_id: str) -> bool:
         request = pb.ReleaseLeaseRequest(request_id=uuid.uuid4().hex, lease_id=lease_id)
         async for attempt in async_retrying():
@@ -390,6 +414,38 @@ class PoolClient:
         finally:
             # Shielded: a cancelled body still gives its sandbox back.
             await asyncio.shield(handle.release())
+
+    async def fork_leases(
+        self,
+        source: Lease,
+        count: int,
+        *,
+        request_id: str | None = None,
+        wait_s: float = 60.0,
+        owner: str = "",
+    ) -> list[Lease]:
+        """ForkLease of a held lease: `count` new leases on its node, each kept alive like the
+        one `lease` yields; the caller releases each (`Lease.release`)."""
+        response = await self.fork(
+            source.lease_id,
+            count,
+            request_id=request_id,
+            wait_s=wait_s,
+            ttl_s=source.ttl_s or None,
+            owner=owner,
+        )
+        handles = [
+            Lease(
+                self,
+                message,
+                ttl_s=source.ttl_s,
+                keepalive_interval_s=source.interval_s,
+            )
+            for message in response.leases
+        ]
+        for handle in handles:
+            self._keeper.add(handle)
+        return handles
 
     async def prewarm(
         self, image: str, count: int, spec: pb.SandboxSpec | None = None

@@ -130,6 +130,18 @@ class LeaseCancelled(FailedPrecondition):
     reason = "LEASE_CANCELLED"
 
 
+class ForkNodeFull(ResourceExhausted):
+    """A ForkLease found no room for all its copies on the source's node within its wait."""
+
+    reason = "FORK_NODE_FULL"
+
+
+class SourceBusy(FailedPrecondition):
+    """A ForkLease while a command runs on the source lease's sandbox."""
+
+    reason = "SANDBOX_BUSY"
+
+
 # What a node call can fail with, as the pool's domain sees it (raised by NodeConnection).
 class NodeImageMissing(Exception):
     """The node reports IMAGE_NOT_PRESENT."""

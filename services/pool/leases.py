@@ -33,6 +33,7 @@ import structlog
 from swerl.chassis.errors import SwerlError
 from swerl.pool import placement
 from swerl.pool.errors import InvalidLeaseRequest
+from swerl.pool.forks import ForkedLeases, ForkLeaseRequest, Forks
 from swerl.pool.keepalive import RENEW_SLICE, KeepAlive, Tokens
 from swerl.pool.model import (
     ACTIVE,
@@ -147,6 +148,7 @@ class Pool:
         self._keepalive = KeepAlive(state, tokens)
         self._spares = Spares(state, store)
         self._registry = NodeRegistry(state, connect, store, tokens, self._spares)
+        self._forks = Forks(state, tokens)
         self.nodes = state.nodes
         self.leases = state.leases
         self.targets = state.targets
@@ -197,6 +199,9 @@ class Pool:
     # -- leases ---------------------------------------------------------------------------
     async def acquire(self, request: AcquireRequest) -> Lease:
         return await self._requests.acquire(request)
+
+    async def fork(self, request: ForkLeaseRequest) -> ForkedLeases:
+        return await self._forks.fork(request)
 
     async def release(self, lease_id: str) -> tuple[bool, Lease | None]:
         state = self._state

@@ -15,6 +15,7 @@ from typing import Protocol, cast
 import grpc
 from grpc_health.v1 import health_pb2
 
+from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.chassis.client import error_info, make_channel
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import sandbox_pb2 as pb
@@ -99,6 +100,26 @@ class CreateRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ForkRequest:
+    """The node's ForkSandbox call for the pool's ForkLease."""
+
+    request_id: str
+    sandbox_id: str
+    # The source lease's capability token: the node checks it like on any call about the sandbox.
+    lease_token: str
+    lease_ids: tuple[str, ...]
+    ttl_s: float
+    owner: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ForkFacts:
+    checkpoint_id: str
+    sandboxes: tuple[SandboxFacts, ...]
+
+
 class NodeConnection(Protocol):
     """One exec node as the pool needs it. Every call has its own deadline."""
 
@@ -123,6 +144,10 @@ class NodeConnection(Protocol):
         ...
 
     async def destroy(self, sandbox_id: str) -> bool: ...
+
+    async def fork(self, request: ForkRequest) -> ForkFacts:
+        """One new sandbox per lease id, copies of the idle source, in that order."""
+        ...
 
     async def list_sandboxes(self) -> list[SandboxFacts]: ...
 
@@ -189,9 +214,9 @@ class GrpcNodeConnection:
         )
         self._timeout_s = timeout_s
 
-    async def _call(self, method, request, timeout_s: float | None = None):
+    async def _call(self, method, request, timeout_s: float | None = None, metadata=None):
         try:
-            return await method(request, timeout=timeout_s or self._timeout_s)
+            return await method(request, timeout=timeout_s or self._timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as err:
             raise _translate(err, self.address) from None
 
@@ -291,6 +316,24 @@ class GrpcNodeConnection:
             pb.DestroySandboxRequest(request_id=f"destroy-{sandbox_id}", sandbox_id=sandbox_id),
         )
         return bool(r.existed)
+
+    async def fork(self, request: ForkRequest) -> ForkFacts:
+        r = await self._call(
+            self._stub.ForkSandbox,
+            pb.ForkSandboxRequest(
+                request_id=request.request_id,
+                sandbox_id=request.sandbox_id,
+                count=len(request.lease_ids),
+                ttl=duration_pb(request.ttl_s),
+                labels=dict(request.labels),
+                lease_ids=list(request.lease_ids),
+                owner=request.owner,
+            ),
+            metadata=((LEASE_TOKEN_METADATA_KEY, request.lease_token),)
+            if request.lease_token
+            else None,
+        )
+        return ForkFacts(r.checkpoint.checkpoint_id, tuple(_facts(s) for s in r.sandboxes))
 
     async def list_sandboxes(self) -> list[SandboxFacts]:
         r = await self._call(self._stub.ListSandboxes, pb.ListSandboxesRequest(), 30.0)

@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
+from swerl.pool.forks import ForkLeaseRequest
 from swerl.pool.leases import Pool, Prefetch
 from swerl.pool.model import AcquireRequest as DomainAcquire
 from swerl.pool.model import (
@@ -205,6 +206,22 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
             )
         )
         return pb.AcquireLeaseResponse(lease=lease_to_pb(lease, with_token=True))
+
+    async def ForkLease(self, request: pb.ForkLeaseRequest, context) -> pb.ForkLeaseResponse:
+        forked = await self._pool.fork(
+            ForkLeaseRequest(
+                lease_id=request.lease_id,
+                count=request.count,
+                request_id=request.request_id,
+                ttl_s=seconds_of(request.ttl),
+                wait_s=seconds_of(request.wait_timeout),
+                owner=request.owner,
+            )
+        )
+        return pb.ForkLeaseResponse(
+            leases=[lease_to_pb(lease, with_token=True) for lease in forked.leases],
+            checkpoint_id=forked.checkpoint_id,
+        )
 
     async def KeepAlive(
         self, request_iterator: AsyncIterator[pb.KeepAliveRequest], context

@@ -31,6 +31,8 @@ from swerl.pool.errors import (
 )
 from swerl.pool.nodes import (
     CreateRequest,
+    ForkFacts,
+    ForkRequest,
     NodeFacts,
     NodeImages,
     PullOutcome,
@@ -205,6 +207,29 @@ class SimulatedNode:
         self.sandboxes[sandbox_id] = facts
         self.expire_times[sandbox_id] = facts.expire_time
         return facts
+
+    async def fork(self, request: ForkRequest) -> ForkFacts:
+        """Copies of the source's facts under the new lease ids (no filesystem to copy)."""
+        self._enter("fork")
+        source = self._current(request.sandbox_id) if request.sandbox_id in self.sandboxes else None
+        if source is None:
+            raise NodeSandboxGone(f"no sandbox {request.sandbox_id} on {self.node_id}")
+        made = []
+        for index, lease_id in enumerate(request.lease_ids):
+            made.append(
+                await self.create(
+                    CreateRequest(
+                        request_id=f"{request.request_id}/fork/{index}",
+                        image=source.image,
+                        ttl_s=request.ttl_s,
+                        lease_id=lease_id,
+                        owner=request.owner or source.owner,
+                        instance_id=source.instance_id,
+                        labels={**source.labels, **request.labels},
+                    )
+                )
+            )
+        return ForkFacts("ckp-sim-" + uuid.uuid4().hex[:12], tuple(made))
 
     async def bind(
         self, sandbox_id: str, lease_id: str, owner: str, instance_id: str, ttl_s: float
