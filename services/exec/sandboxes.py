@@ -219,14 +219,14 @@ class SandboxManager:
         self.docker_version = ""
         self.docker_error = ""
         self.images = ImageCache(settings, backend, store, self._images_in_use)
+        # Called with each destroyed sandbox (swerl.exec.forks frees fork images it held).
+        self.after_destroy: list[Callable[[SandboxRecord], None]] = []
 
     def _images_in_use(self) -> Iterator[str]:
         """The image of every sandbox, running, spare or being created (one entry each)."""
         for record in self._records.values():
             yield record.image
         yield from self._creating_images.elements()
-        # Called with each destroyed sandbox (swerl.exec.forks frees fork images it held).
-        self.after_destroy: list[Callable[[SandboxRecord], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
