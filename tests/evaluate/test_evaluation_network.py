@@ -284,9 +284,7 @@ async def test_on_the_host_network_an_unfixed_tree_still_fails_the_fetch_test(
 
 @pytest.mark.docker
 @pytest.mark.parametrize("node_kind", ["default", "host_network_test_only"])
-async def test_agent_sandboxes_never_get_the_host_network(
-    eval_node, loopback_node, node_kind
-):
+async def test_agent_sandboxes_never_get_the_host_network(eval_node, loopback_node, node_kind):
     node = eval_node if node_kind == "default" else loopback_node
     request = sandbox_pb2.CreateSandboxRequest(
         request_id=uuid.uuid4().hex,

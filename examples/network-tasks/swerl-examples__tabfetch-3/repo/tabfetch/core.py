@@ -11,7 +11,7 @@ def parse_table(text: str) -> list[dict[str, str]]:
     if not lines:
         return []
     header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    return [dict(zip(header, line.split("\t"), strict=False)) for line in lines[1:]]
 
 
 def fetch_table(url: str, timeout: float = 10.0) -> list[dict[str, str]]:
