@@ -98,9 +98,16 @@ async def _run(args: argparse.Namespace) -> int:
     loaded = load_instances(
         args.dataset, convention=args.image_convention, registry_prefix=args.registry_prefix
     )
+    if loaded.skipped and not loaded.instances:
+        # Nothing to run: the input is wrong, not the run; one line names the first bad row.
+        print(f"swerl eval: no row can be graded; {loaded.first_problem}", file=sys.stderr)
+        return 2
     if loaded.skipped:
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(loaded.skipped.items()))
-        print(f"skipped {sum(loaded.skipped.values())} rows that cannot be graded: {reasons}")
+        print(
+            f"skipped {sum(loaded.skipped.values())} rows that cannot be graded: {reasons}"
+            f" (first: {loaded.first_problem})"
+        )
     chosen = select(
         loaded.instances,
         instance_ids=args.instance_ids,
