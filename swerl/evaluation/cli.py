@@ -194,11 +194,11 @@ def _eval(args: argparse.Namespace) -> int:
     if not args.replay and not args.policy_url:
         print("swerl eval: give --policy-url (or --replay for the demo policy)", file=sys.stderr)
         return 2
-    if args.replay and not args.dataset.is_dir():
-        print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
-        return 2
     if not args.dataset.exists():
         print(f"swerl eval: {args.dataset}: no such file or directory", file=sys.stderr)
+        return 2
+    if args.replay and not args.dataset.is_dir():
+        print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
         return 2
 
     async def main() -> int:
