@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from swerl.chassis.logging import configure_logging
+from swerl.chassis.logging import configure_logging, quiet_foreign_libraries
 from swerl.chassis.settings import add_settings_arguments, settings_from_args
 from swerl.tasks import TaskFormatError, TaskImageError
 
@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before anything imports grpc or transformers (building the parser imports the services).
+    quiet_foreign_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from swerl.data.naming import is_image_reference
+
 if TYPE_CHECKING:
     import docker
     from docker.models.images import Image
@@ -159,6 +161,10 @@ def load_task(directory: Path) -> TaskInstance:
             raise TaskFormatError(f"{path}: {key!r} must be a string when given")
     if not str(instance.get("image_name") or "").strip():
         instance["image_name"] = published_image_name(instance["instance_id"])
+    elif not is_image_reference(instance["image_name"]):
+        raise TaskFormatError(
+            f"{path}: 'image_name' {instance['image_name']!r} is not a Docker image reference"
+        )
     if instance["instance_id"] != directory.name:
         raise TaskFormatError(
             f"{path}: instance_id {instance['instance_id']!r} differs from its directory name "

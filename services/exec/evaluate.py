@@ -323,7 +323,10 @@ class CommandFailed(Exception):
 class Evaluator:
     def __init__(self, manager: SandboxManager) -> None:
         self._m = manager
-        self._network = "bridge" if manager.settings.evaluation_network else "none"
+        settings = manager.settings
+        self._network = "bridge" if settings.evaluation_network else "none"
+        if settings.evaluation_host_network_test_only:
+            self._network = "host"
         self._package_index = manager.settings.evaluation_package_index
 
     @property

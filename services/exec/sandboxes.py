@@ -58,7 +58,7 @@ USER_LABEL = LABEL_PREFIX + "user."
 ENV_LABEL = LABEL_PREFIX + "env."  # the sandbox's environment, for adoption after a restart
 
 # The networks a sandbox can have, and the final statuses of an image in EnsureImages.
-NETWORK_MODES = ("none", "bridge")
+NETWORK_MODES = ("none", "bridge", "host")
 PULL_RESULTS = ("PRESENT", "PULLED", "FAILED")
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -423,6 +423,11 @@ class SandboxManager:
         )
         if spec.network == "bridge" and not bridge_allowed:
             raise InvalidSandboxSpec("this node does not allow bridge networking")
+        # The node's own network namespace reaches its gRPC port: test-only, evaluation only.
+        if spec.network == "host" and not (
+            spec.for_evaluation and self.settings.evaluation_host_network_test_only
+        ):
+            raise InvalidSandboxSpec("host networking is for the tests' evaluation sandboxes only")
         res = spec.resources
         if res is not None and (res.cpus < 0 or res.memory_bytes < 0 or res.pids < 0):
             raise InvalidSandboxSpec("resource limits cannot be negative")

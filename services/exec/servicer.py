@@ -33,10 +33,12 @@ NETWORK_TO_DOMAIN: dict[pb.NetworkMode, str] = {
     pb.NETWORK_MODE_UNSPECIFIED: "none",
     pb.NETWORK_MODE_NONE: "none",
     pb.NETWORK_MODE_BRIDGE: "bridge",
+    pb.NETWORK_MODE_HOST: "host",
 }
 NETWORK_TO_PB: dict[str, pb.NetworkMode] = {
     "none": pb.NETWORK_MODE_NONE,
     "bridge": pb.NETWORK_MODE_BRIDGE,
+    "host": pb.NETWORK_MODE_HOST,
 }
 # Whether a command runs in the sandbox's session (True) or isolated from it.
 SESSION_OF_MODE: dict[pb.ExecMode, bool] = {

@@ -105,3 +105,9 @@ class ExecSettings(ServiceSettings):
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="labels for the pool's node_selector (JSON object)"
     )
+    evaluation_host_network_test_only: bool = Field(
+        False,
+        description="TEST ONLY, never on a real node: Evaluate's own sandboxes join this node's "
+        "network namespace (its 127.0.0.1 and its gRPC port included), so a test can serve a "
+        "task's data on loopback; overrides evaluation_network",
+    )

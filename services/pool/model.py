@@ -328,13 +328,29 @@ class Watcher:
         self.leases: set[str] = set()
 
 
+# Docker lists an image from Docker Hub without its registry (and `library/`): a row's
+# `docker.io/swebench/x:latest` is present as `swebench/x:latest`.
+_DOCKER_HUB_PREFIXES = (
+    "docker.io/library/",
+    "index.docker.io/library/",
+    "docker.io/",
+    "index.docker.io/",
+)
+
+
 @functools.lru_cache(maxsize=4096)
 def image_names(image: str) -> tuple[str, ...]:
-    """The names a present image may be listed under ("x" is "x:latest")."""
+    """The names a present image may be listed under ("x" is "x:latest"; Docker Hub's
+    `docker.io/` prefix dropped)."""
+    names = [image]
+    for prefix in _DOCKER_HUB_PREFIXES:
+        if image.startswith(prefix):
+            names.append(image.removeprefix(prefix))
+            break
     last = image.rsplit("/", 1)[-1]
     if "@" in image or ":" in last or image.startswith("sha256:"):
-        return (image,)
-    return (image, image + ":latest")
+        return tuple(names)
+    return tuple(n for name in names for n in (name, name + ":latest"))
 
 
 def parse_static_node(text: str) -> tuple[str, str]:

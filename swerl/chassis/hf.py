@@ -28,6 +28,8 @@ def bundled_qwen3_tokenizer_dir() -> Path:
 def _load_cached(path: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Its import-time advice that PyTorch is absent does not apply to a tokenizer.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -9,7 +9,9 @@ same renderer so a JSON log stays one JSON object per line.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from collections.abc import MutableMapping
 from typing import Literal
 
 import structlog
@@ -20,6 +22,25 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+# Environment defaults that keep foreign libraries' own lines out of swerl's output. Each is read
+# when its library is imported (or its core starts), so they are set before that happens, and
+# worker processes (spawned tokenizer workers, services started as subprocesses) inherit them.
+QUIET_ENV: dict[str, str] = {
+    # transformers advises at import that PyTorch is absent: swerl only loads tokenizers.
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    # grpc core logs INFO lines to stderr itself, e.g. a GOAWAY from a server that stopped with
+    # calls open (as every in-process stack does on exit); errors still show.
+    "GRPC_VERBOSITY": "ERROR",
+}
+
+
+def quiet_foreign_libraries(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Sets QUIET_ENV's defaults where the user has not set the variable; call before grpc or
+    transformers is imported (the `swerl` command does, first thing)."""
+    for name, value in QUIET_ENV.items():
+        environ.setdefault(name, value)
 
 
 def configure_logging(

@@ -26,6 +26,9 @@ def _prepare(args: argparse.Namespace) -> int:
         print(f"swerl data prepare: {exc}", file=sys.stderr)
         return 2
     print(report.render())
+    if not report.kept and report.first_problem:
+        # Nothing usable: say what is wrong with the first row, in one line.
+        print(f"swerl data prepare: no row can be graded; {report.first_problem}", file=sys.stderr)
     print(f"wrote {args.out}/data.jsonl, instance_ids.txt, images.txt, skipped.jsonl, report.json")
     return 0 if report.kept else 1
 

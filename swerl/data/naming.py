@@ -9,11 +9,28 @@ lower-cased. An explicit `image_name` column always wins; a registry prefix repl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 Convention = Literal["auto", "swe-bench", "swe-gym"]
 CONVENTIONS: tuple[str, ...] = ("auto", "swe-bench", "swe-gym")
+
+# Docker's reference grammar, [registry/]path[:tag][@digest]: a first part is a registry only
+# with a dot, a port or as `localhost`; path components are lower case. Rows are checked with
+# it when they are read, so a mistyped image_name is the row's error, not a failed episode later
+# (the exec node applies the full grammar again, with Docker's length limits).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = r"(?:(?:localhost|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::[0-9]+)?|[A-Za-z0-9-]+:[0-9]+)"
+IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_REGISTRY}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+
+
+def is_image_reference(name: str) -> bool:
+    """Whether `name` is a well-formed Docker image reference (see IMAGE_REFERENCE)."""
+    return bool(IMAGE_REFERENCE.match(name))
 
 
 @dataclass(frozen=True)

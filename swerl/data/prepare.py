@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.data.naming import image_name, resolve_convention
+from swerl.data.naming import image_name, is_image_reference, resolve_convention
 
 DATA_FILE = "data.jsonl"
 INSTANCE_IDS_FILE = "instance_ids.txt"
@@ -60,6 +61,8 @@ class PrepareReport:
     skipped: Counter[str] = field(default_factory=Counter)
     images: int = 0
     by_source: dict[str, int] = field(default_factory=dict)
+    # The first skipped row, in one line naming its source, row number and problem.
+    first_problem: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +90,12 @@ def load_rows(
     """The rows of one source as plain dicts (see the module docstring for what a source is)."""
     import datasets
 
+    # A progress bar per file, and datasets' own log line for a file it cannot read, are noise
+    # around swerl's report and its one-line errors.
+    datasets.disable_progress_bars()
+    datasets_log = logging.getLogger("datasets")
+    level = datasets_log.level
+    datasets_log.setLevel(logging.CRITICAL)
     path = Path(source).expanduser()
     cache = str(cache_dir) if cache_dir else None
     try:
@@ -118,9 +127,20 @@ def load_rows(
     except DataSourceError:
         raise
     except (FileNotFoundError, ValueError, ConnectionError, OSError) as exc:
-        raise DataSourceError(f"{source}: cannot be loaded: {exc}") from exc
+        raise DataSourceError(f"{source}: cannot be loaded: {_one_line(exc)}") from exc
+    except datasets.exceptions.DatasetGenerationError as exc:
+        # Its own message is generic; the parser's error (e.g. bad JSON) is the cause.
+        raise DataSourceError(
+            f"{source}: cannot be loaded: {_one_line(exc.__cause__ or exc)}"
+        ) from exc
+    finally:
+        datasets_log.setLevel(level)
     for row in loaded:
         yield dict(row)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def _looks_like_path(source: str) -> bool:
@@ -173,7 +193,17 @@ def normalize_row(
     instance["image_name"] = image_name(
         instance, convention=convention, data_source=data_source, registry_prefix=registry_prefix
     )
+    if not is_image_reference(instance["image_name"]):
+        raise RowProblem(
+            "BAD_IMAGE_NAME",
+            f"{instance_id}: image_name {instance['image_name']!r} is not a Docker image reference",
+        )
     return instance
+
+
+def row_problem_line(source: str, index: int, problem: RowProblem) -> str:
+    """One line naming the source, the row (numbered from 0) and what is wrong with it."""
+    return f"{source}: row {index}: {problem.reason}: {problem.detail}"
 
 
 def slime_line(instance: dict[str, Any], data_source: str) -> dict[str, Any]:
@@ -227,6 +257,8 @@ def prepare(
                         "detail": problem.detail,
                     }
                     skipped.write(json.dumps(entry, default=str) + "\n")
+                    if not report.first_problem:
+                        report.first_problem = row_problem_line(source, index, problem)
                     continue
                 seen.add(instance["instance_id"])
                 images[instance["image_name"]] = None

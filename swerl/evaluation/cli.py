@@ -98,9 +98,16 @@ async def _run(args: argparse.Namespace) -> int:
     loaded = load_instances(
         args.dataset, convention=args.image_convention, registry_prefix=args.registry_prefix
     )
+    if loaded.skipped and not loaded.instances:
+        # Nothing to run: the input is wrong, not the run; one line names the first bad row.
+        print(f"swerl eval: no row can be graded; {loaded.first_problem}", file=sys.stderr)
+        return 2
     if loaded.skipped:
         reasons = ", ".join(f"{r} {n}" for r, n in sorted(loaded.skipped.items()))
-        print(f"skipped {sum(loaded.skipped.values())} rows that cannot be graded: {reasons}")
+        print(
+            f"skipped {sum(loaded.skipped.values())} rows that cannot be graded: {reasons}"
+            f" (first: {loaded.first_problem})"
+        )
     chosen = select(
         loaded.instances,
         instance_ids=args.instance_ids,
@@ -187,11 +194,11 @@ def _eval(args: argparse.Namespace) -> int:
     if not args.replay and not args.policy_url:
         print("swerl eval: give --policy-url (or --replay for the demo policy)", file=sys.stderr)
         return 2
-    if args.replay and not args.dataset.is_dir():
-        print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
-        return 2
     if not args.dataset.exists():
         print(f"swerl eval: {args.dataset}: no such file or directory", file=sys.stderr)
+        return 2
+    if args.replay and not args.dataset.is_dir():
+        print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
         return 2
 
     async def main() -> int:

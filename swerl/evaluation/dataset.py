@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.data.prepare import RowProblem, data_source_name, load_rows, normalize_row
+from swerl.data.prepare import (
+    RowProblem,
+    data_source_name,
+    load_rows,
+    normalize_row,
+    row_problem_line,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class EvalInstance:
 class LoadedDataset:
     instances: list[EvalInstance]
     skipped: Counter[str] = field(default_factory=Counter)
+    # The first skipped row, in one line naming its source, row number and problem.
+    first_problem: str = ""
 
 
 def load_instances(
@@ -46,7 +54,7 @@ def load_instances(
     label = data_source_name(str(source))
     loaded = LoadedDataset([])
     seen: set[str] = set()
-    for row in _rows(source, split):
+    for index, row in enumerate(_rows(source, split)):
         metadata = row.get("metadata")
         if isinstance(metadata, dict) and isinstance(metadata.get("instance"), dict):
             raw, row_label = metadata["instance"], str(metadata.get("data_source") or label)
@@ -60,6 +68,8 @@ def load_instances(
                 raise RowProblem("DUPLICATE_INSTANCE_ID", instance["instance_id"])
         except RowProblem as problem:
             loaded.skipped[problem.reason] += 1
+            if not loaded.first_problem:
+                loaded.first_problem = row_problem_line(str(source), index, problem)
             continue
         seen.add(instance["instance_id"])
         loaded.instances.append(EvalInstance(instance, row_label))

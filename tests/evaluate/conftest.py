@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from evaluate_testkit import BUNDLED_TASKS, TOKEN, EvalNode
+from evaluate_testkit import BUNDLED_TASKS, NETWORK_TASKS, TOKEN, EvalNode
 
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
@@ -29,6 +29,14 @@ def task_images(base_image) -> dict[str, str]:
     """Builds (or finds) every bundled task's image once; maps instance id to image name."""
     build_images(BUNDLED_TASKS, base_image=base_image, progress=lambda _line: None)
     return {task.instance_id: task.image_name for task in BUNDLED_TASKS}
+
+
+@pytest.fixture(scope="session")
+def network_task_images(base_image) -> dict[str, str]:
+    """Builds (or finds) the images of examples/network-tasks once; maps id to image name."""
+    tasks = list(NETWORK_TASKS.values())
+    build_images(tasks, base_image=base_image, progress=lambda _line: None)
+    return {task.instance_id: task.image_name for task in tasks}
 
 
 def _containers_of(node_id: str) -> list[str]:

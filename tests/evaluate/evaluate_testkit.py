@@ -26,6 +26,9 @@ BUNDLED_TASKS_DIR = Path(__file__).resolve().parents[2] / "examples" / "tasks"
 BUNDLED_TASKS = load_tasks(BUNDLED_TASKS_DIR)
 TASKS = {task.instance_id: task for task in BUNDLED_TASKS}
 TASK_IDS = sorted(TASKS)
+# Tasks whose tests need the network, kept apart so the bundled set stays offline-only.
+NETWORK_TASKS_DIR = Path(__file__).resolve().parents[2] / "examples" / "network-tasks"
+NETWORK_TASKS = {task.instance_id: task for task in load_tasks(NETWORK_TASKS_DIR)}
 # Margin of the RPC deadline over the evaluation's own timeout.
 RPC_MARGIN_S = 120.0
 

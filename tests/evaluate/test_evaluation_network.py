@@ -2,20 +2,35 @@
 sandboxes Evaluate creates (never for agent sandboxes), every report says which, and a log
 that shows a failed install or network step is flagged without changing the verdict.
 
-No test here sends traffic anywhere: the sandboxes only list their network interfaces.
+Traffic stays on loopback: the sandboxes list their network interfaces, and the network task
+(examples/network-tasks) fetches its data file either from a `.invalid` host (offline: nothing
+resolves, nothing is sent) or from an HTTP server the test starts on 127.0.0.1, reached through
+the node's test-only `evaluation_host_network_test_only`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
-from evaluate_testkit import TASKS, TOKEN, EvalNode, evaluate, task_instance
+from evaluate_testkit import (
+    NETWORK_TASKS,
+    NETWORK_TASKS_DIR,
+    TASKS,
+    TOKEN,
+    EvalNode,
+    evaluate,
+    task_instance,
+)
 from exec_testkit import assert_status
 
+from swerl.cli import main
 from swerl.exec.evaluate import log_warnings
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
@@ -164,3 +179,139 @@ def test_a_test_that_needs_the_network_is_flagged():
 def test_a_clean_log_has_no_warnings():
     clean = b"+ python -m pip install -e .\nSuccessfully installed romans-0.1.0\n+ pytest -rA\n"
     assert log_warnings(clean, "none") == []
+
+
+# -- a task whose test downloads its data over HTTP (examples/network-tasks) ------------------
+TABFETCH = NETWORK_TASKS["swerl-examples__tabfetch-3"]
+UNRELATED_PATCH = (
+    "diff --git a/NOTES b/NOTES\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES\n"
+    "@@ -0,0 +1 @@\n+unrelated\n"
+)
+
+
+class _DataServer(ThreadingHTTPServer):
+    """Serves a task's data/ directory on 127.0.0.1 and records who asked for what."""
+
+    def __init__(self, directory: str) -> None:
+        self.requests: list[tuple[str, str]] = []
+        handler = functools.partial(_RecordingHandler, directory=directory)
+        super().__init__(("127.0.0.1", 0), handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _RecordingHandler(SimpleHTTPRequestHandler):
+    server: _DataServer
+
+    def do_GET(self) -> None:
+        self.server.requests.append((self.client_address[0], self.path))
+        super().do_GET()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the requests are asserted, not printed
+
+
+@pytest.fixture
+def data_server() -> Iterator[_DataServer]:
+    server = _DataServer(str(TABFETCH.directory / "data"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+async def loopback_node(tmp_path, network_task_images):
+    async with _node(tmp_path, evaluation_host_network_test_only=True) as running:
+        yield running
+
+
+def _served_from(server: _DataServer) -> dict:
+    """The task's row with its eval script pointed at `server` (the variable it documents)."""
+    row = dict(TABFETCH.instance)
+    row["eval_script"] = f"export SWERL_EXAMPLE_DATA_URL={server.url}\n" + TABFETCH.eval_script
+    return row
+
+
+@pytest.mark.docker
+async def test_offline_the_network_task_is_unresolved_and_the_network_step_is_flagged(
+    eval_node, network_task_images
+):
+    evaluation = await evaluate(eval_node.evaluate, dict(TABFETCH.instance), TABFETCH.gold_patch)
+    report = evaluation.report
+    assert evaluation.status == "UNRESOLVED"
+    assert report.network == sandbox_pb2.NETWORK_MODE_NONE
+    assert list(report.fail_to_pass.failure) == TABFETCH.fail_to_pass
+    assert sorted(report.pass_to_pass.success) == sorted(TABFETCH.pass_to_pass)
+    (warning,) = report.warnings
+    assert warning.reason == "NETWORK_STEP_FAILED"
+    assert "without network" in warning.message
+    # The line the warning quotes is the test's download failing to resolve the .invalid host.
+    assert "Temporary failure in name resolution" in warning.message
+
+
+@pytest.mark.docker
+async def test_on_the_test_only_host_network_gold_fetches_from_loopback_and_resolves(
+    loopback_node, data_server
+):
+    evaluation = await evaluate(
+        loopback_node.evaluate, _served_from(data_server), TABFETCH.gold_patch
+    )
+    report = evaluation.report
+    assert evaluation.status == "RESOLVED_FULL", report
+    assert report.network == sandbox_pb2.NETWORK_MODE_HOST
+    assert list(report.warnings) == []
+    # The sandbox fetched the file, from loopback.
+    assert data_server.requests == [("127.0.0.1", "/cities.tsv")]
+
+
+@pytest.mark.docker
+async def test_on_the_host_network_an_unfixed_tree_still_fails_the_fetch_test(
+    loopback_node, data_server
+):
+    evaluation = await evaluate(loopback_node.evaluate, _served_from(data_server), UNRELATED_PATCH)
+    assert evaluation.status == "UNRESOLVED"
+    assert list(evaluation.report.fail_to_pass.failure) == TABFETCH.fail_to_pass
+    assert list(evaluation.report.warnings) == []  # it reached the data: a verdict, not a warning
+    assert data_server.requests == [("127.0.0.1", "/cities.tsv")]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("node_kind", ["default", "host_network_test_only"])
+async def test_agent_sandboxes_never_get_the_host_network(eval_node, loopback_node, node_kind):
+    node = eval_node if node_kind == "default" else loopback_node
+    request = sandbox_pb2.CreateSandboxRequest(
+        request_id=uuid.uuid4().hex,
+        image=TABFETCH.image_name,
+        network=sandbox_pb2.NETWORK_MODE_HOST,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await node.sandboxes.CreateSandbox(request, timeout=60)
+    assert_status(info.value, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SANDBOX_SPEC")
+
+
+@pytest.mark.docker
+def test_tasks_build_builds_the_network_task_set(network_task_images, capsys):
+    # --rebuild runs the Dockerfile (from the build cache) and the base-commit check again.
+    assert main(["tasks", "build", "--tasks", str(NETWORK_TASKS_DIR), "--rebuild"]) == 0
+    assert "swerl-examples__tabfetch-3:latest: built in" in capsys.readouterr().out
+
+
+@pytest.mark.docker
+def test_validate_offline_reports_the_network_tasks_gold_as_needing_the_network(
+    network_task_images, capsys
+):
+    assert main(["validate", "--tasks", str(NETWORK_TASKS_DIR), "--no-build"]) == 1
+    out = capsys.readouterr().out
+    assert "unpatched tree as the task says 1/1" in out
+    assert "gold resolved 0/1" in out
+    (gold,) = [
+        line for line in out.splitlines() if line.startswith(TABFETCH.instance_id + "  gold ")
+    ]
+    assert "NETWORK_STEP_FAILED" in gold and "without network" in gold

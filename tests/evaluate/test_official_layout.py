@@ -7,6 +7,11 @@ is no index offline for a real image), applies the test patch and runs `pytest -
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import docker
 import pytest
 from evaluate_testkit import evaluate
@@ -133,3 +138,45 @@ def test_an_image_at_an_unrelated_commit_fails_the_base_commit_check(
         build_images([task], base_image=base_image, progress=lambda _line: None)
     message = str(info.value)
     assert "neither base_commit " + "1" * 40 in message and "\n" not in message
+
+
+def test_tasks_build_builds_the_classic_row_and_checks_its_base_commit(official_task, capsys):
+    root = official_task.directory.parent
+    # --rebuild runs the Dockerfile (from the build cache) and the base-commit check again.
+    assert main(["tasks", "build", "--tasks", str(root), "--rebuild"]) == 0
+    assert f"{official_task.image_name}: built in" in capsys.readouterr().out
+
+
+FOREIGN = ("PyTorch was not found", "GOAWAY", "chttp2_transport")
+
+
+def test_eval_runs_the_classic_row_end_to_end_and_prints_only_its_own_lines(
+    official_task, tmp_path
+):
+    # As a user runs it: the replay policy's gold patch through pool, exec node and agent in
+    # process, graded by swebench's own script; without the quiet defaults in the environment,
+    # so that the command's own (transformers in the tokenizer workers, grpc when the stack
+    # stops with calls open) are what keep foreign lines out.
+    root = official_task.directory.parent
+    out = tmp_path / "run"
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GRPC_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    }
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "swerl.cli", "eval", str(root)),
+            *("--replay", "gold", "--no-build", "-o", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["instance_id"] == official_task.instance_id
+    assert record["eval_status"] == "RESOLVED_FULL" and record["reward"] == 1.0
+    assert not [line for line in output.splitlines() if any(f in line for f in FOREIGN)]
