@@ -736,6 +736,10 @@ class Episode:
                 await self._cpu(self._fill_records, result)
         if spec.prm.enabled:
             result.step_scores.extend(step_score_pb(self.scores[i]) for i in sorted(self.scores))
+            if self.branch is not None:  # its own turns' scores, after the trunk's
+                for score in result.step_scores:
+                    if score.turn_index >= spec.branch_at:
+                        score.branch = self.branch
         result.metrics.update(self.metrics())
         if spec.artifact_dir and deps.write_artifacts is not None:
             with contextlib.suppress(OSError):
