@@ -260,3 +260,23 @@ async def test_a_trunk_that_ends_before_the_fork_returns_its_one_result_unbranch
     assert results[0].status == pb.EPISODE_STATUS_SUBMITTED and results[0].reward == 1.0
     assert results[0].sampling_seed == 0
     assert not any(m.turn.HasField("branch") for m in messages if m.WhichOneof("kind") == "turn")
+
+
+async def test_a_fork_without_room_on_the_node_ends_the_trunk_infra_error_fork_unavailable():
+    task = bundled_tasks()[0]
+    replay = ReplayPolicyServer(scripts_for_tasks([task], "gold"))
+    url = await replay.start()
+    try:
+        # Room for the trunk and one more: 2 branches never fit on its node.
+        async with agent_stack(max_sandboxes=2, lease_wait_s=1.0) as env:
+            start = _branched(start_for(task, url, "branch-full"), at_turn=1, count=2)
+            messages = await run_to_result(env.stub, start)
+            await _nothing_left(env)
+    finally:
+        await replay.stop()
+    results = _results(messages)
+    assert len(results) == 1 and not results[0].HasField("branch"), results
+    result = results[0]
+    assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
+    assert result.error_reason == "FORK_UNAVAILABLE" and "FORK_NODE_FULL" in result.error_message
+    assert not result.HasField("reward") and result.metrics["turns"] == 1.0
