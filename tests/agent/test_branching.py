@@ -46,7 +46,7 @@ def _fork_images_of(node_ids: list[str]) -> list[str]:
         client.close()
 
 
-async def _nothing_left(env, timeout_s: float = 20.0) -> None:
+async def _nothing_left(env, timeout_s: float = 30.0) -> None:
     """No sandbox container, active lease or fork image of this stack (the node removes fork
     images in the background once nothing uses them, hence the wait)."""
     node_ids = [n.settings.node_id for n in env.stack.nodes]
@@ -56,7 +56,7 @@ async def _nothing_left(env, timeout_s: float = 20.0) -> None:
         while True:
             active = [x.lease_id for x in await pool.list_leases() if x.state == 2]
             images = await asyncio.to_thread(_fork_images_of, node_ids)
-            containers = sandboxes_left()
+            containers = [c for n in node_ids for c in sandboxes_left(n)]
             if not (active or images or containers):
                 return
             assert time.monotonic() < deadline, (active, images, containers)
@@ -241,6 +241,29 @@ async def test_cancel_stops_every_branch_and_leaves_no_sandbox_or_fork_image():
         # The partial trajectory: the trunk's 2 turns and the branch's cut-off third.
         assert result.metrics["turns"] == 3.0
         check_record(result.trajectory, replay)
+
+
+async def test_a_dropped_call_during_the_branches_releases_every_sandbox():
+    task = bundled_tasks()[0]
+    script = [_bash("ls"), _bash("sleep 60"), submit_turn()]
+    replay = ReplayPolicyServer({script_key(task.instance["problem_statement"]): script})
+    url = await replay.start()
+    try:
+        async with agent_stack(max_sandboxes=4) as env:
+            start = _branched(start_for(task, url, "branch-dropped"), at_turn=1, count=2)
+            call = env.stub.RunEpisode(timeout=300)
+            await call.write(pb.RunEpisodeRequest(start=start))
+            pool = PoolClient(env.stack.pool_address, token=env.stack.token)
+            try:
+                await _until_active(pool, 2)
+            finally:
+                await pool.close()
+            await asyncio.sleep(0.5)
+            call.cancel()  # no `cancel` message: the caller went away
+            await _nothing_left(env)
+            assert env.agent.runner.running == {}
+    finally:
+        await replay.stop()
 
 
 async def test_a_trunk_that_ends_before_the_fork_returns_its_one_result_unbranched():
