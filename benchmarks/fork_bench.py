@@ -1,6 +1,7 @@
 """Fork benchmark: ForkSandbox against fresh sandboxes and against re-running the trunk.
 
-    python benchmarks/fork_bench.py [--sizes-mb 1,100,1024] [--copies 1,8]
+    python benchmarks/fork_bench.py [--part exec|agent|all] [--sizes-mb 1,100,1024] [--copies 1,8]
+        [--group 8] [--at-turn 5] [--turns 10]
 
 Starts an in-process exec node (insecure, loopback, throwaway state dir) over the local dockerd.
 For each size it makes a source sandbox of the base image whose "trunk" writes that many MB of
@@ -15,6 +16,13 @@ the same run:
 and prints the ratios fork / fresh and fork / re-run. Target (issue 18): a fork of a 100 MB change
 into 8 copies takes at most 2x the time of 8 fresh create+starts. It reports; it does not
 assert. Every sandbox is destroyed on the way out; fork images go with their last copy.
+
+The agent part runs a whole loopback stack (pool, exec node, agent, replay policy with the
+bundled Qwen3 tokenizer) and a `--turns`-turn replay episode of a bundled task (not graded), as a
+group of `--group` samples two ways in the same run: `--group` independent episodes (the
+baseline), and one episode branching into `--group` at turn `--at-turn` (EpisodeOptions.branch).
+It prints the policy tokens generated each way (counted by the replay server), the saving, and
+the (n - 1) x trunk tokens the saving should equal.
 """
 
 from __future__ import annotations
@@ -25,9 +33,18 @@ import os
 import time
 import uuid
 
+from swerl.agent.replay import ReplayPolicyServer, script_key, submit_turn
+from swerl.agent.server import local_agent
+from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
+from swerl.chassis.client import make_channel
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.chassis.timeconv import duration_pb
 from swerl.exec.server import local_node
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
+from swerl.pool.server import local_stack
+from swerl.tasks import default_tasks_dir, load_tasks
+from swerl.validate import instance_to_pb
 
 BASE_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
 TIMEOUT_S = 900.0
@@ -99,14 +116,109 @@ async def bench(sizes_mb: list[int], copies: list[int]) -> None:
         print("target: fork of a 100 MB change into 8 copies <= 2.00 x 8 fresh create+starts")
 
 
+def _episode_start(task, url: str, episode_id: str, turns: int) -> agent_pb2.EpisodeStart:
+    start = agent_pb2.EpisodeStart(
+        episode_id=episode_id,
+        instance=instance_to_pb(task.instance),
+        policy=agent_pb2.PolicyConfig(
+            endpoint=url,
+            api=agent_pb2.POLICY_API_SGLANG_GENERATE,
+            tokenizer_path=str(bundled_qwen3_tokenizer_dir()),
+        ),
+        limits=agent_pb2.EpisodeLimits(
+            max_turns=turns, max_new_tokens=2048, command_timeout=duration_pb(60)
+        ),
+        options=agent_pb2.EpisodeOptions(skip_evaluation=True, owner="fork-bench"),
+    )
+    start.policy.sampling_params.update({"temperature": 1.0, "sampling_seed": 7})
+    return start
+
+
+async def _episode(stub, start: agent_pb2.EpisodeStart) -> list[agent_pb2.EpisodeResult]:
+    call = stub.RunEpisode(iter([agent_pb2.RunEpisodeRequest(start=start)]), timeout=TIMEOUT_S)
+    return [m.result async for m in call if m.WhichOneof("kind") == "result"]
+
+
+async def bench_agent(group: int, at_turn: int, turns: int) -> None:
+    task = load_tasks(default_tasks_dir())[0]
+    # `turns` policy turns: commands that read and write a little, the last one submitting.
+    script = [
+        f"Step {i}: looking further.\n\n```bash\nls -la && echo step-{i} >> /tmp/notes\n```"
+        for i in range(turns - 1)
+    ] + [submit_turn()]
+    replay = ReplayPolicyServer(
+        {script_key(task.instance["problem_statement"]): script}, keep_requests=True
+    )
+    url = await replay.start()
+
+    def generated() -> int:
+        return sum(len(out) for _, out in replay.stats.requests_seen)
+
+    try:
+        async with local_stack(nodes=1, max_sandboxes=group + 1, purpose="fork-bench") as stack:
+            async with local_agent(stack.pool_address, stack.token, tokenizer_processes=0) as agent:
+                channel = make_channel(agent.address, token=stack.token)
+                stub = agent_pb2_grpc.AgentServiceStub(channel)
+                try:
+                    plain_s, plain = await _timed(
+                        asyncio.gather(
+                            *(
+                                _episode(stub, _episode_start(task, url, f"plain-{i}", turns))
+                                for i in range(group)
+                            )
+                        )
+                    )
+                    without, calls = generated(), len(replay.stats.requests_seen)
+                    branched = _episode_start(task, url, "branched", turns)
+                    branched.options.branch.at_turn, branched.options.branch.count = at_turn, group
+                    branch_s, results = await _timed(_episode(stub, branched))
+                    with_branching = generated() - without
+                    # The trunk runs alone before the fork: its calls come first.
+                    seen = replay.stats.requests_seen[calls : calls + at_turn]
+                    trunk = sum(len(out) for _, out in seen)
+                finally:
+                    await channel.close()
+    finally:
+        await replay.stop()
+    assert isinstance(plain, list) and isinstance(results, list)
+    statuses = [r.status for rs in plain for r in rs] + [r.status for r in results]
+    assert len(results) == group and all(
+        s == agent_pb2.EPISODE_STATUS_SUBMITTED for s in statuses
+    ), statuses
+    print(
+        f"group of {group}, {turns}-turn replay episode ({task.instance_id}), branching at"
+        f" turn {at_turn}; policy tokens generated (replay server's count), same run:"
+    )
+    print(f"  without branching ({group} episodes): {without:>7} tokens  {plain_s:6.2f} s")
+    print(
+        f"  with branching (1 trunk, {group} branches): {with_branching:>7} tokens"
+        f"  {branch_s:6.2f} s"
+    )
+    print(
+        f"  saved {without - with_branching} tokens = {(without - with_branching) / without:.1%};"
+        f" (n - 1) x trunk = {group - 1} x {trunk} = {(group - 1) * trunk};"
+        f" ratio with/without {with_branching / without:.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("exec", "agent", "all"), default="all")
     parser.add_argument("--sizes-mb", default="1,100,1024")
     parser.add_argument("--copies", default="1,8")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--at-turn", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=10)
     args = parser.parse_args()
-    asyncio.run(
-        bench([int(s) for s in args.sizes_mb.split(",")], [int(c) for c in args.copies.split(",")])
-    )
+    if args.part in ("exec", "all"):
+        asyncio.run(
+            bench(
+                [int(s) for s in args.sizes_mb.split(",")],
+                [int(c) for c in args.copies.split(",")],
+            )
+        )
+    if args.part in ("agent", "all"):
+        asyncio.run(bench_agent(args.group, args.at_turn, args.turns))
 
 
 if __name__ == "__main__":

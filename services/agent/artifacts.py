@@ -99,7 +99,7 @@ async def write_artifacts(
         "metrics": dict(result.metrics),
         "step_scores": [MessageToDict(s) for s in result.step_scores],
     }
-    directory = episode_dir(spec.artifact_dir, spec.instance.instance_id, spec.episode_id)
+    directory = episode_dir(spec.artifact_dir, spec.instance.instance_id, episode.key)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(
         executor, _write, directory, traj, bytes(result.patch), meta, result

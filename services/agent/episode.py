@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -40,7 +42,12 @@ from swerl.agent.modes import ContextExhausted, Policy
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import PolicyUnavailable
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
-from swerl.agent.sandbox import SANDBOX_NOT_RUNNING, SandboxHandle, SandboxProvider
+from swerl.agent.sandbox import (
+    SANDBOX_NOT_RUNNING,
+    ForkedSandbox,
+    SandboxHandle,
+    SandboxProvider,
+)
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.tokens import TokenRecordData
 from swerl.agent.v1 import agent_pb2 as pb
@@ -81,6 +88,16 @@ def _killed_note(signum: int) -> str:
     return f"[The command, or the shell running it, was killed by signal {signum}{name}.]\n"
 
 
+@contextlib.asynccontextmanager
+async def _holding(forked: ForkedSandbox) -> AsyncIterator[SandboxHandle]:
+    """A branch's forked sandbox, held like a lease: released at the end whatever happens
+    (shielded, so a cancelled branch still gives it back)."""
+    try:
+        yield forked
+    finally:
+        await asyncio.shield(forked.release())
+
+
 @dataclass(frozen=True)
 class PrmSpec:
     enabled: bool = False
@@ -114,6 +131,13 @@ class EpisodeSpec:
     env: dict[str, str] = field(default_factory=dict)
     owner: str = ""
     prm: PrmSpec = PrmSpec()
+    # EpisodeOptions.branch: the trunk runs `branch_at` turns, then `branch_count` branches go on.
+    branch_at: int = 0
+    branch_count: int = 0
+
+    @property
+    def branching(self) -> bool:
+        return self.branch_count > 0
 
 
 @dataclass
@@ -173,6 +197,22 @@ class Episode:
         # The policy's last command ended killed by a signal: a sandbox found dead after it is
         # the policy's doing.
         self._last_killed = False
+        # Branching: a branch's index, seed and forked sandbox (None for a trunk or a plain
+        # episode); a trunk's running branches; the trunk's PRM scores a branch shares.
+        self.branch: int | None = None
+        self.sampling_seed = 0
+        self._forked: ForkedSandbox | None = None
+        self._branches: list[Episode] = []
+        self._trunk_scores: dict[int, StepScore] = {}
+        self._trunk_prm: list[asyncio.Task[None]] = []
+        self._last_branch_result: pb.RunEpisodeResponse | None = None
+
+    @property
+    def key(self) -> str:
+        """Names this run's leases and artifacts: the episode id, plus the branch."""
+        if self.branch is None:
+            return self.spec.episode_id
+        return f"{self.spec.episode_id}.b{self.branch}"
 
     @property
     def graded(self) -> bool:
@@ -184,7 +224,11 @@ class Episode:
         """Ends the episode CANCELLED at once (idempotent)."""
         if self._cancel_reason is None:
             self._cancel_reason = reason or "cancelled"
-            if self._work is not None:
+            if self._branches:
+                # The branches end CANCELLED one by one, each with its result.
+                for branch in self._branches:
+                    branch.cancel(reason)
+            elif self._work is not None:
                 self._work.cancel()
 
     async def run(self) -> pb.RunEpisodeResponse:
@@ -207,6 +251,10 @@ class Episode:
         finally:
             for task in self._prm_tasks:
                 task.cancel()
+        if self._last_branch_result is not None:
+            return self._last_branch_result
+        if self._trunk_scores:
+            self.scores = {**self._trunk_scores, **self.scores}
         if self.status is EpisodeStatus.SANDBOX_BROKEN:
             self.reward = -1.0  # a failed attempt: the policy broke what it was to fix
         elif not self.graded or self.report is None:
@@ -221,34 +269,54 @@ class Episode:
 
     async def _body(self) -> None:
         spec = self.spec
-        instance = spec.instance
+        forks: list[ForkedSandbox] = []
+        try:
+            await self._agent_part(forks)
+        except BaseException:
+            for forked in forks:  # forked, but the trunk's release was interrupted
+                with contextlib.suppress(Exception):
+                    await forked.release()
+            raise
+        # The agent's sandbox is released here, before the grading sandbox is leased.
+        if forks:
+            await self._run_branches(forks)
+            return
+        if self.graded and not spec.skip_evaluation:
+            await self._evaluate()
+        if self._prm_tasks or self._trunk_prm:
+            # The trunk's judgments are shared by its branches: shielded from this one's end.
+            shared = [asyncio.shield(task) for task in self._trunk_prm]
+            await asyncio.gather(*shared, *self._prm_tasks, return_exceptions=True)
+
+    async def _agent_part(self, forks: list[ForkedSandbox]) -> None:
+        """The agent loop in the episode's sandbox, then its patch, or the branches'
+        sandboxes (into `forks`) when the trunk reached the fork."""
+        spec = self.spec
         lease_started = time.monotonic()
-        async with self._provider.lease(
-            instance.image_name,
-            owner=spec.owner or f"agent/{spec.episode_id}",
-            instance_id=instance.instance_id,
-            request_id=f"{spec.episode_id}-agent",
-            workdir=spec.config.workdir,
-        ) as sandbox:
-            prompt_tokens = await self._first_prompt()
-            self._emit(
-                pb.RunEpisodeResponse(
-                    started=pb.EpisodeStarted(
-                        lease_id=sandbox.lease_id,
-                        sandbox_id=sandbox.sandbox_id,
-                        node_id=sandbox.node_id,
-                        lease_wait_duration=duration_pb(time.monotonic() - lease_started),
-                        prompt_tokens=prompt_tokens,
+        async with self._sandbox() as sandbox:
+            if self.branch is None:  # a branch starts where its trunk stopped
+                prompt_tokens = await self._first_prompt()
+                self._emit(
+                    pb.RunEpisodeResponse(
+                        started=pb.EpisodeStarted(
+                            lease_id=sandbox.lease_id,
+                            sandbox_id=sandbox.sandbox_id,
+                            node_id=sandbox.node_id,
+                            lease_wait_duration=duration_pb(time.monotonic() - lease_started),
+                            prompt_tokens=prompt_tokens,
+                        )
                     )
                 )
-            )
             agent_started = time.monotonic()
+            agent_before = self.clock.agent_s  # a branch's share of its trunk's time
             loop = asyncio.get_running_loop().create_task(self._agent_loop(sandbox))
             # One watcher per episode (not per call): a lost lease stops the loop at once.
             lost = asyncio.ensure_future(sandbox.lost.wait())
             try:
                 done, _ = await asyncio.wait(
-                    {loop, lost}, timeout=spec.wall_timeout_s, return_when=asyncio.FIRST_COMPLETED
+                    {loop, lost},
+                    timeout=max(0.0, spec.wall_timeout_s - agent_before),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
                 if loop in done:
                     loop.result()
@@ -264,17 +332,111 @@ class Episode:
                 lost.cancel()
                 if not loop.done():
                     loop.cancel()
-                self.clock.agent_s = time.monotonic() - agent_started
+                self.clock.agent_s = agent_before + time.monotonic() - agent_started
             if self.graded:
                 if self.submission is not None:
                     self.patch = self.submission.encode()
                 else:
                     self.patch = await self._guarded(sandbox, sandbox.diff())
-        # The agent's sandbox is released here, before the grading sandbox is leased.
-        if self.graded and not spec.skip_evaluation:
-            await self._evaluate()
-        if self._prm_tasks:
-            await asyncio.gather(*self._prm_tasks, return_exceptions=True)
+            elif self.status is None and spec.branching:  # the trunk is at the fork
+                forks.extend(await self._fork(sandbox))
+
+    def _sandbox(self) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
+        if self._forked is not None:
+            return _holding(self._forked)
+        spec = self.spec
+        return self._provider.lease(
+            spec.instance.image_name,
+            owner=spec.owner or f"agent/{spec.episode_id}",
+            instance_id=spec.instance.instance_id,
+            request_id=f"{spec.episode_id}-agent",
+            workdir=spec.config.workdir,
+        )
+
+    # -- branching -----------------------------------------------------------------------------
+
+    async def _fork(self, sandbox: SandboxHandle) -> list[ForkedSandbox]:
+        """The branches' sandboxes. Shielded: a cancel during the fork still gets the leases
+        back, so they are released rather than left to expire."""
+        spec = self.spec
+        fork = asyncio.ensure_future(
+            self._guarded(
+                sandbox,
+                self._provider.fork(
+                    sandbox,
+                    spec.branch_count,
+                    owner=spec.owner or f"agent/{spec.episode_id}",
+                    request_id=f"{spec.episode_id}-fork",
+                ),
+            )
+        )
+        try:
+            return await asyncio.shield(fork)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                for forked in await fork:
+                    await forked.release()
+            raise
+
+    async def _run_branches(self, forks: list[ForkedSandbox]) -> None:
+        """Runs one branch per forked sandbox to its end; emits each result as it comes and
+        keeps the last for `run` to return."""
+        base = self.spec.sampling_params.get("sampling_seed")
+        if not isinstance(base, int):
+            base = zlib.crc32(self.spec.episode_id.encode())
+        self._branches = [
+            self._branch(index, base + 1 + index, forked) for index, forked in enumerate(forks)
+        ]
+        if self._cancel_reason is not None:  # a cancel that came during the fork
+            for branch in self._branches:
+                branch.cancel(self._cancel_reason)
+        runs = [asyncio.ensure_future(branch.run()) for branch in self._branches]
+        try:
+            for n, finished in enumerate(asyncio.as_completed(runs)):
+                response = await finished
+                if n + 1 < len(runs):
+                    self._emit(response)
+                else:
+                    self._last_branch_result = response
+        finally:
+            for run in runs:  # the whole call went away: every branch releases its sandbox
+                run.cancel()
+            await asyncio.gather(*runs, return_exceptions=True)
+
+    def _branch(self, index: int, seed: int, forked: ForkedSandbox) -> Episode:
+        """A branch with a copy of this trunk's state at the fork."""
+        emit = self._emit
+
+        def tagged(message: pb.RunEpisodeResponse) -> None:
+            kind = message.WhichOneof("kind")
+            if kind == "turn":
+                message.turn.branch = index
+            elif kind == "prm_score":
+                message.prm_score.branch = index
+            elif kind == "evaluation":
+                return  # the report is in the branch's result
+            emit(message)
+
+        branch = Episode(
+            self.spec,
+            policy=self._policy.branch(seed),
+            deps=self._deps,
+            emit=tagged,
+            judge=self._judge,
+        )
+        branch.branch, branch.sampling_seed, branch._forked = index, seed, forked
+        branch.clock.started = self.clock.started
+        branch.clock.model_s, branch.clock.env_s = self.clock.model_s, self.clock.env_s
+        branch.clock.agent_s = self.clock.agent_s
+        branch.messages = [dict(m) for m in self.messages]
+        branch.steps = copy.deepcopy(self.steps)
+        branch.turns, branch.tool_calls = self.turns, self.tool_calls
+        branch._last_killed = self._last_killed
+        # The trunk's turns are judged once: a branch waits for the pending judgments and
+        # reads the trunk's scores (the dict they land in) when it builds its result.
+        branch._trunk_prm = list(self._prm_tasks)
+        branch._trunk_scores = self.scores
+        return branch
 
     async def _first_prompt(self) -> int:
         spec, config = self.spec, self.spec.config
@@ -287,7 +449,9 @@ class Episode:
 
     async def _agent_loop(self, sandbox: SandboxHandle) -> None:
         spec = self.spec
-        for index in range(spec.max_turns):
+        # A branching trunk stops at the fork (no status yet); a branch starts there.
+        stop = spec.branch_at if spec.branching and self.branch is None else spec.max_turns
+        for index in range(self.turns, stop):
             turns_left = spec.max_turns - index - 1
             try:
                 answer = await self._policy.respond(self.messages)
@@ -315,7 +479,8 @@ class Episode:
                 return
             turn.observation_tokens = await self._policy.observe(self.messages[-1]["content"])
             self._emit(pb.RunEpisodeResponse(turn=turn))
-        self._end(EpisodeStatus.LIMIT_TURNS)
+        if stop == spec.max_turns:
+            self._end(EpisodeStatus.LIMIT_TURNS)
 
     async def _act(
         self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
@@ -425,7 +590,7 @@ class Episode:
                     spec.instance.image_name,
                     owner=spec.owner or f"agent/{spec.episode_id}",
                     instance_id=spec.instance.instance_id,
-                    request_id=f"{spec.episode_id}-eval",
+                    request_id=f"{self.key}-eval",
                     workdir=None,
                 ) as grader:
                     self.report = await self._guarded(
@@ -555,6 +720,9 @@ class Episode:
         response = pb.RunEpisodeResponse()
         result = response.result
         result.episode_id = spec.episode_id
+        if self.branch is not None:
+            result.branch = self.branch
+            result.sampling_seed = self.sampling_seed
         result.status = episode_status_pb(self.status)
         result.patch = self.patch
         result.error_reason = self.error_reason
@@ -568,6 +736,10 @@ class Episode:
                 await self._cpu(self._fill_records, result)
         if spec.prm.enabled:
             result.step_scores.extend(step_score_pb(self.scores[i]) for i in sorted(self.scores))
+            if self.branch is not None:  # its own turns' scores, after the trunk's
+                for score in result.step_scores:
+                    if score.turn_index >= spec.branch_at:
+                        score.branch = self.branch
         result.metrics.update(self.metrics())
         if spec.artifact_dir and deps.write_artifacts is not None:
             with contextlib.suppress(OSError):

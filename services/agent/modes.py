@@ -15,6 +15,7 @@ The episode loop only speaks text: `open` with the first two messages, `respond`
 from __future__ import annotations
 
 import asyncio
+import copy
 import sys
 import time
 from array import array
@@ -85,6 +86,11 @@ class Policy(Protocol):
 
     def whole_record(self) -> TokenRecordData:
         """The whole episode as one record."""
+        ...
+
+    def branch(self, sampling_seed: int) -> Policy:
+        """An independent copy of this policy's state (tokens, logprobs, masks, context
+        window) that samples its next turns with `sampling_seed`; between turns only."""
         ...
 
 
@@ -236,6 +242,22 @@ class TokenMode:
     def whole_record(self) -> TokenRecordData:
         return self._trajectory.whole_record()
 
+    def branch(self, sampling_seed: int) -> TokenMode:
+        twin = TokenMode(
+            self._client.reseeded(sampling_seed),
+            self._codec,
+            max_context_tokens=self._max_context_tokens,
+            max_new_tokens=self._max_new_tokens,
+            omission_text=self._omission_text,
+            executor=self._executor,
+            tokenizer_pool=self._tokenizer_pool,
+        )
+        # One deepcopy of both, so the copy's window shares the copy's arrays as the original
+        # does; the window's marker function (codec and template only) is shared as is.
+        twin._trajectory, twin._window = copy.deepcopy((self._trajectory, self._window))
+        twin._last_output = self._last_output
+        return twin
+
     async def _tok(self, method: str, *args: Any) -> Any:
         """A ChatCodec call: in a tokenizer worker process when the agent has them."""
         if self._tokenizer_pool is not None:
@@ -278,3 +300,6 @@ class ChatMode:
 
     def whole_record(self) -> TokenRecordData:
         raise ValueError("a chat-mode episode has no token records")
+
+    def branch(self, sampling_seed: int) -> ChatMode:
+        raise ValueError("branching needs exact tokens (SGLANG_GENERATE)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import functools
 import itertools
 import json
@@ -58,6 +59,10 @@ class Generation:
 
 class TokenPolicy(Protocol):
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation: ...
+
+    def reseeded(self, sampling_seed: int) -> TokenPolicy:
+        """The same client for another call sequence (a branch), sampling with this seed."""
+        ...
 
 
 class ChatPolicy(Protocol):
@@ -232,6 +237,14 @@ class SglangPolicy:
         self._retrying = (
             retrying or connect_retrying(connect_attempts, connect_max_delay_s)
         ).copy()
+
+    def reseeded(self, sampling_seed: int) -> SglangPolicy:
+        twin = copy.copy(self)
+        twin._params = {**self._params, "sampling_seed": sampling_seed}
+        # The retry state is per call sequence; the sent-prefix cache may be shared, as `_body`
+        # replaces it rather than changing it.
+        twin._retrying = self._retrying.copy()
+        return twin
 
     def _body(self, input_ids: Sequence[int], max_new_tokens: int) -> bytes:
         # Consecutive prompts of an episode extend each other (until the context is trimmed):

@@ -162,10 +162,12 @@ def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, 
 
 @dataclass(frozen=True)
 class ReplayCall:
-    """One /generate request: its HTTP headers and the script key it matched (None: none)."""
+    """One /generate request: its HTTP headers, the script key it matched (None: none) and
+    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy."""
 
     headers: dict[str, str]
     script_key: str | None
+    sampling_seed: int | None = None
 
 
 @dataclass
@@ -287,7 +289,8 @@ class ReplayPolicyServer:
         turn = text.count(ASSISTANT_HEADER) - 1
         turn += sum(int(n) for n in _OMITTED.findall(text))
         key = None if self.garbage else self._key_for(text)
-        self.stats.calls.append(ReplayCall(headers or {}, key))
+        seed = params.get("sampling_seed")
+        self.stats.calls.append(ReplayCall(headers or {}, key, None if seed is None else int(seed)))
         script = None if key is None else self.scripts[key]
         finish = "stop"
         if self.abort_on_turn is not None and turn >= self.abort_on_turn:

@@ -37,6 +37,9 @@ from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 from swerl.chassis.timeconv import seconds_of
 
+# Most branches of one episode (EpisodeBranch.count).
+MAX_BRANCHES = 64
+
 # Builds the PRM judge of one PRM-enabled episode from its PrmSpec and episode id.
 JudgeFactory = Callable[[PrmSpec, str], StepJudge]
 
@@ -195,6 +198,23 @@ class EpisodeRunner:
             raise InvalidEpisodeStart(
                 "prm.enabled needs prm.endpoint (or the agent's --prm-endpoint)", field="prm"
             )
+        max_turns = limits.max_turns or d.max_turns
+        branch = opts.branch
+        if branch.count or branch.at_turn:
+            if not 1 <= branch.count <= MAX_BRANCHES:
+                raise InvalidEpisodeStart(
+                    f"options.branch.count must be 1 to {MAX_BRANCHES}", field="options.branch"
+                )
+            if not 0 <= branch.at_turn < max_turns:
+                raise InvalidEpisodeStart(
+                    f"options.branch.at_turn must be 0 to max_turns - 1 ({max_turns - 1})",
+                    field="options.branch",
+                )
+            if api != pb.POLICY_API_SGLANG_GENERATE:
+                raise InvalidEpisodeStart(
+                    "options.branch needs SGLANG_GENERATE: branches copy the exact token state",
+                    field="options.branch",
+                )
         params = sampling_params_of(MessageToDict(start.policy.sampling_params))
         max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
         prm = start.prm
@@ -208,7 +228,7 @@ class EpisodeRunner:
             sampling_params=params,
             request_timeout_s=seconds_of(start.policy.request_timeout)
             or self.settings.policy_request_timeout_s,
-            max_turns=limits.max_turns or d.max_turns,
+            max_turns=max_turns,
             max_context_tokens=limits.max_context_tokens or d.max_context_tokens,
             max_new_tokens=max_new,
             wall_timeout_s=seconds_of(limits.wall_timeout) or d.wall_timeout_s,
@@ -228,6 +248,8 @@ class EpisodeRunner:
                 seed=prm.seed,
                 timeout_s=seconds_of(prm.timeout) or 120.0,
             ),
+            branch_at=branch.at_turn,
+            branch_count=branch.count,
         )
 
     async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:

@@ -44,6 +44,12 @@ class SandboxHandle(Protocol):
     ) -> evaluate_pb2.EvaluationReport: ...
 
 
+class ForkedSandbox(SandboxHandle, Protocol):
+    """A copy of a held sandbox (a branch's): held until `release`, which is idempotent."""
+
+    async def release(self) -> None: ...
+
+
 class SandboxProvider(Protocol):
     def lease(
         self,
@@ -54,6 +60,13 @@ class SandboxProvider(Protocol):
         request_id: str,
         workdir: str | None,
     ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]: ...
+
+    async def fork(
+        self, source: SandboxHandle, count: int, *, owner: str, request_id: str
+    ) -> list[ForkedSandbox]:
+        """`count` copies of `source` as it is now (files and all), each its own lease on
+        the same node. Raises EpisodeInfraError(FORK_UNAVAILABLE) when they cannot be had."""
+        ...
 
 
 # The exec node's reason for a sandbox whose container stopped and could not be started again.
@@ -74,6 +87,10 @@ class _PoolHandle:
     sandbox_id: str
     node_id: str
     lost: asyncio.Event
+
+    async def release(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.lease.release()  # type: ignore[attr-defined]
 
     def lost_detail(self) -> tuple[str, str]:
         lease = self.lease
@@ -169,3 +186,21 @@ class PoolSandboxProvider:
         else:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await context.__aexit__(None, None, None)
+
+    async def fork(
+        self, source: SandboxHandle, count: int, *, owner: str, request_id: str
+    ) -> list[ForkedSandbox]:
+        lease = getattr(source, "lease", None)
+        if lease is None:
+            raise EpisodeInfraError("FORK_UNAVAILABLE", "the sandbox was not leased from a pool")
+        try:
+            leases = await self._pool.fork_leases(  # type: ignore[attr-defined]
+                lease, count, request_id=request_id, wait_s=self._wait_s, owner=owner
+            )
+        except grpc.aio.AioRpcError as err:
+            reason, _ = error_info(err)
+            raise EpisodeInfraError(
+                "FORK_UNAVAILABLE",
+                f"ForkLease failed: {err.code().name} {reason or ''} {err.details()}",
+            ) from err
+        return [_PoolHandle(x, x.lease_id, x.sandbox_id, x.node_id, x.lost) for x in leases]

@@ -90,6 +90,10 @@ async def test_a_stream_without_start_is_invalid_argument(agent) -> None:
         "negative_turns",
         "prm_without_endpoint",
         "routed_experts_from_a_chat_api",
+        "branch_count_too_large",
+        "branch_without_count",
+        "branch_at_or_past_max_turns",
+        "branch_from_a_chat_api",
     ],
 )
 async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -> None:
@@ -110,6 +114,15 @@ async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -
     elif field == "routed_experts_from_a_chat_api":
         start.policy.api = pb.POLICY_API_OPENAI_CHAT
         start.policy.return_routed_experts = True
+    elif field == "branch_count_too_large":
+        start.options.branch.at_turn, start.options.branch.count = 1, 65
+    elif field == "branch_without_count":
+        start.options.branch.at_turn = 2
+    elif field == "branch_at_or_past_max_turns":
+        start.options.branch.at_turn, start.options.branch.count = 8, 2  # max_turns is 8
+    elif field == "branch_from_a_chat_api":
+        start.policy.api = pb.POLICY_API_OPENAI_CHAT
+        start.options.branch.at_turn, start.options.branch.count = 1, 2
     else:
         start.limits.max_turns = -1
     code, reason = await _refused(stub, [pb.RunEpisodeRequest(start=start)])
