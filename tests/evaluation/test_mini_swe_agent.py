@@ -159,7 +159,9 @@ async def test_errors_timeouts_and_stderr_come_back_as_mini_swe_agent_expects(ta
 
 
 async def test_an_image_the_nodes_do_not_have_fails_at_construction_and_leaks_nothing():
-    async with local_stack(nodes=1, purpose="mini-missing") as stack:
+    # A pool that pulls on demand would ask a registry (none is reachable from the tests but the
+    # loopback ones); with --no-pull the refusal is the pool's own and the same everywhere.
+    async with local_stack(nodes=1, purpose="mini-missing", pool_settings={"pull": False}) as stack:
 
         def build() -> None:
             SwerlEnvironment(
