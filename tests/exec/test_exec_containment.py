@@ -161,7 +161,9 @@ async def test_cancelled_exec_kills_its_command_and_the_sandbox_stays_usable(nod
     began = time.monotonic()
     check = await node.client.run(
         sandbox.sandbox_id,
-        f"{PS}; if kill -0 -- -{started.pgid} 2>/dev/null; then echo GROUP-ALIVE; fi;"
+        # A member still running (a zombie awaiting its reaper is no longer running).
+        f"{PS}; if ps -eo pgid=,stat= | awk '$1 == {started.pgid} && $2 !~ /^Z/ {{f = 1}}"
+        f" END {{exit !f}}'; then echo GROUP-ALIVE; fi;"
         f" test -e {marker} && echo MARKER-EXISTS; true",
         timeout_s=30,
     )
