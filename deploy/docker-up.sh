@@ -44,16 +44,38 @@ if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   exit 0
 fi
 
+# One build at a time on a machine: two runs of this script (a test run beside a demo) would
+# otherwise both debootstrap, and the second waits here and then finds the image made.
+LOCK="${SWERL_DOCKER_UP_LOCK:-/tmp/swerl-docker-up.lock}"
+exec 8>"$LOCK"
+if ! flock -n 8; then
+  log "another docker-up is building $BASE_IMAGE; waiting for it"
+  flock 8
+fi
+if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  log "base image $BASE_IMAGE present (built by the run we waited for)"
+  exit 0
+fi
+
 command -v debootstrap >/dev/null 2>&1 || apt_install debootstrap
 rootfs="$(mktemp -d /tmp/swerl-rootfs.XXXXXX)"
-trap 'as_root rm -rf "$rootfs"' EXIT
+# debootstrap mounts the host's /proc (and may mount /sys) inside the tree while it installs and
+# can leave them mounted when it is interrupted or raced: unmount whatever is mounted below the
+# tree before it is packed or removed, so neither the image nor `rm` ever touches the host's.
+unmount_below() {
+  local mounts
+  mounts="$(awk -v root="$rootfs/" 'index($2, root) == 1 { print $2 }' /proc/self/mounts | sort -r)"
+  [ -z "$mounts" ] || as_root umount -l $mounts 2>/dev/null || true
+}
+trap 'unmount_below; as_root rm -rf --one-file-system "$rootfs"' EXIT
 log "building $BASE_IMAGE with debootstrap ($SUITE, about a minute)"
 as_root debootstrap --variant=minbase \
   --include=bash,git,python3,python3-pytest,ca-certificates,procps,patch \
   "$SUITE" "$rootfs" >/tmp/swerl-debootstrap.log 2>&1 \
   || { log "debootstrap failed; see /tmp/swerl-debootstrap.log"; tail -n 20 /tmp/swerl-debootstrap.log >&2; exit 1; }
+unmount_below
 as_root rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-as_root tar -C "$rootfs" -c . | docker import \
+as_root tar -C "$rootfs" --one-file-system -c . | docker import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'ENV LANG=C.UTF-8' \
   --change 'CMD ["/bin/bash"]' \
