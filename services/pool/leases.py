@@ -26,7 +26,7 @@ import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import structlog
 
@@ -121,13 +121,20 @@ N_PENDING, N_HEALTHY, N_UNHEALTHY, N_DRAINING, N_DRAINED = (
 )
 
 
+# What PrefetchImages did with one image: STARTED (pulling, or joined a pull), PRESENT (a home
+# has it), FAILED (a recent pull failed), SKIPPED (no pulls, or no healthy home). The servicer's
+# table maps each to the contract's PrefetchStatus (a test checks both sides).
+PrefetchStatus = Literal["STARTED", "PRESENT", "FAILED", "SKIPPED"]
+PREFETCH_STATUSES: tuple[PrefetchStatus, ...] = get_args(PrefetchStatus)
+
+
 @dataclass(frozen=True)
 class Prefetch:
     """What PrefetchImages did with one image."""
 
     image: str
     homes: list[str]
-    status: str  # STARTED (pulling, or joined a pull) | PRESENT | FAILED | SKIPPED
+    status: PrefetchStatus
     message: str = ""
     reason: str = ""
     node_id: str = ""

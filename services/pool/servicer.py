@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.pool.forks import ForkLeaseRequest
-from swerl.pool.leases import Pool, Prefetch
+from swerl.pool.leases import Pool, Prefetch, PrefetchStatus
 from swerl.pool.model import AcquireRequest as DomainAcquire
 from swerl.pool.model import (
     Expiry,
@@ -51,7 +51,7 @@ NODE_STATE_TO_PB: dict[NodeState, pb.NodeState] = {
     NodeState.DRAINED: pb.NODE_STATE_DRAINED,
 }
 NODE_STATE_FROM_PB: dict[pb.NodeState, NodeState] = {v: k for k, v in NODE_STATE_TO_PB.items()}
-PREFETCH_STATUS_TO_PB: dict[str, pb.PrefetchStatus] = {
+PREFETCH_STATUS_TO_PB: dict[PrefetchStatus, pb.PrefetchStatus] = {
     "STARTED": pb.PREFETCH_STATUS_STARTED,
     "PRESENT": pb.PREFETCH_STATUS_PRESENT,
     "FAILED": pb.PREFETCH_STATUS_FAILED,

@@ -9,7 +9,8 @@ from swerl.prm.v1 import prm_pb2 as pb
 from swerl.prm.v1 import prm_pb2_grpc
 from swerl.prm.votes import JudgeState, Verdict
 
-STATE_TO_PB = {
+# The domain's judge states and the contract's, value for value (a test checks both sides).
+STATE_TO_PB: dict[JudgeState, pb.JudgeState] = {
     JudgeState.SCORED: pb.JUDGE_STATE_SCORED,
     JudgeState.NO_VALID_VOTES: pb.JUDGE_STATE_NO_VALID_VOTES,
     JudgeState.FAILED: pb.JUDGE_STATE_FAILED,

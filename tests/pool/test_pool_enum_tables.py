@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from swerl.pool import client, servicer
+from swerl.pool.leases import PREFETCH_STATUSES
 from swerl.pool.model import LeaseState, LossReason, NodeState
 from swerl.pool.v1 import pool_pb2 as pb
 
@@ -54,3 +55,12 @@ def test_domain_states_print_as_their_names():
     # Metric labels and log fields carry these: "ACTIVE", never "LeaseState.ACTIVE".
     for value in [*LeaseState, *LossReason, *NodeState]:
         assert str(value) == f"{value}" == value.value
+
+
+def test_prefetch_statuses_map_to_the_contract_value_of_their_name():
+    # Every status the pool's prefetch can report has a contract value, every specified
+    # contract value has a status, and no two rows are swapped.
+    assert set(servicer.PREFETCH_STATUS_TO_PB) == set(PREFETCH_STATUSES)
+    assert sorted(servicer.PREFETCH_STATUS_TO_PB.values()) == sorted(specified(pb.PrefetchStatus))
+    for value, number in servicer.PREFETCH_STATUS_TO_PB.items():
+        assert pb.PrefetchStatus.Name(number) == "PREFETCH_STATUS_" + value
