@@ -136,6 +136,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_error_lines(exc: ValidationError) -> list[str]:
+    """One human line per problem of invalid settings: a bad field names the field; a problem of
+    the settings as a whole (a model validator's ValueError, one problem per line) is its own
+    sentence; neither carries pydantic's "Value error," or the settings class's name."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"]
+        if error["type"] == "value_error":
+            message = str(error.get("ctx", {}).get("error", message))
+        for problem in message.splitlines():
+            lines.append(f"swerl: invalid setting{' ' + where if where else ''}: {problem}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     # Before anything imports grpc or transformers (building the parser imports the services).
     quiet_foreign_libraries()
@@ -145,9 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except ValidationError as exc:
         # One line per problem, without pydantic's documentation links.
-        for error in exc.errors(include_url=False):
-            where = ".".join(str(part) for part in error["loc"]) or exc.title
-            print(f"swerl: invalid setting {where}: {error['msg']}", file=sys.stderr)
+        for line in settings_error_lines(exc):
+            print(line, file=sys.stderr)
         return 2
     except (TaskFormatError, TaskImageError) as exc:
         # A bad task row or image is the user's input: one message, no traceback.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis.settings import ServiceSettings
@@ -74,19 +74,19 @@ class PrmSettings(ServiceSettings):
     step_output_chars: int = Field(4000, ge=0, description="output kept of the judged step")
     step_response_chars: int = Field(16000, ge=1, description="response kept of the judged step")
 
-    @model_validator(mode="after")
-    def _check_backend(self) -> PrmSettings:
+    def problems(self) -> list[str]:
+        problems = super().problems()
         if self.backend == "sglang" and self.judge_tokenizer_path is None:
-            raise ValueError(
+            problems.append(
                 "judge_tokenizer_path is required for the sglang backend: the judge prompt is"
                 " tokenized with the judge model's own tokenizer (--judge-tokenizer-path or"
                 " SWERL_PRM_JUDGE_TOKENIZER_PATH)"
             )
         if self.backend == "openai" and not self.judge_model:
-            raise ValueError("judge_model is required for the openai backend")
+            problems.append("judge_model is required for the openai backend")
         if self.default_votes > self.max_votes:
-            raise ValueError("default_votes must not exceed max_votes")
-        return self
+            problems.append("default_votes must not exceed max_votes")
+        return problems
 
     def prompt_limits(self) -> PromptLimits:
         return PromptLimits(

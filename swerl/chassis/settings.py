@@ -60,18 +60,38 @@ class ServiceSettings(BaseSettings):
         # `SWERL_EXEC_AUTH_TOKEN=` must not become a valid empty token.
         return None if value == "" else value
 
-    @model_validator(mode="after")
-    def _check_security(self) -> ServiceSettings:
+    @field_validator("port", "metrics_port")
+    @classmethod
+    def _port_in_range(cls, value: int | None) -> int | None:
+        # Subclasses redefine `port` with their default, which drops the Field bounds above; a
+        # port past 65535 would otherwise be bound modulo 65536 (99999 serves on 34463).
+        if value is not None and not 0 <= value <= 65535:
+            raise ValueError(f"must be 0-65535 (0 picks a free one), not {value}")
+        return value
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings as a whole, one human sentence per problem. A
+        subclass adds its own to the base's (`problems = super().problems()`), so that a command
+        reports every problem at once, not one per try."""
+        problems = []
         prefix = self.model_config.get("env_prefix", "")
         if self.auth_token is None and not self.insecure:
-            raise ValueError(
+            problems.append(
                 f"auth_token is required: set --auth-token or {prefix}AUTH_TOKEN, "
                 f"or start with --insecure ({prefix}INSECURE=true) for local development"
             )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("tls_cert_file and tls_key_file must be set together")
+            problems.append("tls_cert_file and tls_key_file must be set together")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
-            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+            problems.append("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        return problems
+
+    @model_validator(mode="after")
+    def _check_problems(self) -> ServiceSettings:
+        problems = self.problems()
+        if problems:
+            # One ValueError, one problem per line (the `swerl` command prints a line each).
+            raise ValueError("\n".join(problems))
         return self
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import docker
 import pytest
@@ -18,6 +19,7 @@ from evaluate_testkit import evaluate
 from official_testkit import write_official_task
 
 from swerl.cli import main
+from swerl.exec.client import SandboxClient
 from swerl.exec.evaluate import build_eval_spec
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2
@@ -104,20 +106,53 @@ async def test_swebenchs_own_script_pasted_as_eval_script_grades_like_the_classi
     assert pasted.log_of("RUN_TESTS").count(b">>>>> Start Test Output") == 1
 
 
-def test_agent_shells_resolve_python_to_the_testbed_environment(official_task):
+WHERE_PYTHON = "command -v python || echo none; python -c 'import romans; print(romans.__file__)'"
+
+
+async def test_agent_commands_resolve_python_to_the_testbed_environment(eval_node, official_task):
+    # As the agent runs its commands: Exec on a sandbox of the image, through the exec node's
+    # login shell, which reads /root/.bashrc as SWE-bench's images expect (they activate
+    # `testbed` there, not on the image's PATH). Each mode, each command.
+    created = await eval_node.sandboxes.CreateSandbox(
+        sandbox_pb2.CreateSandboxRequest(
+            request_id=uuid.uuid4().hex, image=official_task.image_name, workdir="/testbed"
+        ),
+        timeout=60,
+    )
+    sandbox_id = created.sandbox.sandbox_id
+    client = SandboxClient(eval_node.channel)
+    try:
+        for session in (False, True, False):
+            result = await client.run(sandbox_id, WHERE_PYTHON, session=session)
+            assert result.exit_code == 0, result
+            assert result.stdout.decode().split() == [
+                "/opt/miniconda3/envs/testbed/bin/python",
+                "/testbed/romans/__init__.py",
+            ]
+    finally:
+        await client.aclose()
+        await eval_node.sandboxes.DestroySandbox(
+            sandbox_pb2.DestroySandboxRequest(request_id=uuid.uuid4().hex, sandbox_id=sandbox_id),
+            timeout=60,
+        )
+
+
+def test_the_fixture_activates_testbed_in_bashrc_only_as_the_official_images_do(official_task):
+    # A shell that reads no startup file does not see `testbed` (python is not on the image's
+    # PATH at all): what the test above sees comes from the shell the exec node starts.
     client = docker.from_env()
     try:
         out = client.containers.run(
             official_task.image_name,
-            ["bash", "-c", "command -v python; python -c 'import romans; print(romans.__file__)'"],
+            ["bash", "-c", "command -v python || echo none; tail -n 1 /root/.bashrc"],
             network_disabled=True,
             remove=True,
         )
     finally:
         client.close()
-    assert out.decode().split() == [
-        "/opt/miniconda3/envs/testbed/bin/python",
-        "/testbed/romans/__init__.py",
+    assert out.decode().splitlines() == [
+        "none",
+        "source /opt/miniconda3/etc/profile.d/conda.sh && conda activate testbed",
     ]
 
 
@@ -128,6 +163,26 @@ def test_validate_runs_the_three_checks_on_the_classic_row(official_task, capsys
     assert "unpatched tree as the task says 1/1" in out
     assert "gold resolved 1/1" in out
     assert "correctly not resolved 1/1" in out
+
+
+def test_validate_reports_the_classic_row_broken_when_fail_to_pass_already_passes(
+    official_task, tmp_path, capsys
+):
+    # The same row (and image) with a FAIL_TO_PASS test that passes before any fix: a broken
+    # task, told by the unpatched-tree check, whatever the gold patch does.
+    already_passing = official_task.pass_to_pass[0]
+    task = write_official_task(
+        tmp_path,
+        FAIL_TO_PASS=json.dumps([already_passing]),
+        PASS_TO_PASS=json.dumps(official_task.pass_to_pass[1:]),
+    )
+    assert task.image_name == official_task.image_name
+    assert main(["validate", "--tasks", str(tmp_path), "--no-build"]) == 1
+    out = capsys.readouterr().out
+    assert "unpatched tree as the task says 0/1" in out
+    assert (
+        f"broken task {task.instance_id}: FAIL_TO_PASS passing unpatched: {already_passing}" in out
+    )
 
 
 def test_an_image_at_an_unrelated_commit_fails_the_base_commit_check(
