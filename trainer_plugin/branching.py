@@ -260,11 +260,15 @@ def _member_outcome(
 
 
 def annotate(
-    samples: Sequence[Any], outcome: EpisodeOutcome, group_episode_id: str, at_turn: int
+    samples: Sequence[Any],
+    outcome: EpisodeOutcome,
+    group_episode_id: str,
+    at_turn: int,
+    branch: int | None,
 ) -> None:
-    """Marks a member's samples with its branch, seed, the fork's turn and the group's episode."""
+    """Marks a member's samples with its branch (None: the trunk's one unbranched result, or no
+    result at all), its seed, the fork's turn and the group's episode."""
     result = outcome.result
-    branch = result.branch if result is not None and result.HasField("branch") else None
     for sample in samples:
         sample.metadata[convert.BRANCH] = branch
         sample.metadata[convert.SAMPLING_SEED] = result.sampling_seed if result is not None else 0

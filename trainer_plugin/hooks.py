@@ -335,7 +335,7 @@ async def _run_branched(
                 member.sample, split, per_turn=per_turn, decode=decode, spec=spec
             )
             lists[i] = out if per_turn else [out]
-            branching.annotate(lists[i], split, episode_id, at_turn)
+            branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
         if per_turn and branched:
             order = sorted(lists)
 
@@ -357,7 +357,7 @@ async def _run_branched(
                     aborted=was_cancelled,
                     spec=spec,
                 )
-                branching.annotate([made], split, episode_id, at_turn)
+                branching.annotate([made], split, episode_id, at_turn, i)
                 return made
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)

@@ -327,3 +327,39 @@ async def test_branching_is_off_by_default(fw):
         assert [s.options.HasField("branch") for s in server.agent.starts] == [False] * N
     for out in outs:
         fw.check_call_result(out, per_turn=False)
+
+
+async def test_a_stream_ending_before_every_branch_reported_makes_the_missing_ones_placeholders(
+    fw,
+):
+    def answer(start):
+        return Scenario(results=[branch_result(start, 1), branch_result(start, 3, reward=-1.0)])
+
+    async with agent(answer) as server:
+        args = make_args([server.address], branch_at_turn=AT_TURN)
+        outs = await generate_group(fw, args, group(fw))
+    got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
+    assert [s.remove_sample for s in got] == [True, False, True, False]
+    assert [s.reward for s in got] == [0.0, 1.0, 0.0, -1.0]
+    for i in (0, 2):
+        assert got[i].metadata["infra_error"] and got[i].metadata["branch"] == i
+        assert got[i].metadata["error_reason"] == "STREAM_ENDED_WITHOUT_RESULT"
+    assert not fw.call_dynamic_filter(filter_infra_failures, args, got).keep
+
+
+async def test_a_trunk_cancelled_before_the_fork_gives_every_member_an_aborted_sample(fw):
+    def answer(start):
+        cancelled = result(start, S.EPISODE_STATUS_CANCELLED, n_turns=1, reward=None)
+        return Scenario(result=cancelled)
+
+    async with agent(answer) as server:
+        args = make_args([server.address], branch_at_turn=AT_TURN)
+        outs = await generate_group(fw, args, group(fw))
+        assert len(server.agent.starts) == 1
+    got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
+    assert all(s.status is fw.Sample.Status.ABORTED and s.reward == 0.0 for s in got)
+    assert not got[0].remove_sample, "the first member keeps the trunk's partial trajectory"
+    for sample in got[1:]:
+        assert sample.remove_sample and not sample.metadata["infra_error"]
+        assert sample.metadata["error_reason"] == "TRUNK_CANCELLED_BEFORE_FORK"
+    assert not fw.call_dynamic_filter(filter_infra_failures, args, got).keep
