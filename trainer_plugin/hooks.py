@@ -248,7 +248,7 @@ async def run_branch_group(
         raise
     except Exception as err:  # every member's call raises it (e.g. RoutingReplayError)
         for member in members or group.members:
-            if not member.answer.done():
+            if not member.answer.done() and not member.left:  # nobody reads a leaver's
                 member.answer.set_exception(err)
 
 
