@@ -67,6 +67,18 @@ NUM_TURNS = "num_turns"
 PRM_SCORES = "prm_scores"
 AGENT_ADDRESS = "agent_address"
 CANCELLED_BY = "cancelled_by"
+# Branching rollouts (branching.py): the branch a sample comes from, its sampling seed, the
+# turn of the fork, the id of the group's one episode, and whether the sample is one of the
+# trunk's shared turns (dynamic history emits those once per group).
+BRANCH = "branch"
+SAMPLING_SEED = "sampling_seed"
+BRANCH_AT_TURN = "branch_at_turn"
+BRANCH_EPISODE_ID = "branch_episode_id"
+BRANCH_TRUNK = "branch_trunk"
+
+# Failure reason of a group member whose branch never ran because the trunk was cancelled or
+# aborted before the fork: an aborted sample, not an infra failure.
+TRUNK_CANCELLED = "TRUNK_CANCELLED_BEFORE_FORK"
 
 Decoder = Callable[[list[int]], str]
 
@@ -92,7 +104,7 @@ def outcome_to_samples(
     spec = spec or ReplaySpec()
     result = outcome.result
     if result is None:
-        aborted = outcome.cancelled_by == "abort"
+        aborted = outcome.cancelled_by == "abort" or outcome.failure_reason == TRUNK_CANCELLED
         failure = (outcome.failure_reason, outcome.failure_message)
         samples = [_placeholder(template, outcome, *failure, aborted=aborted, spec=spec)]
         return samples if per_turn else samples[0]
@@ -230,6 +242,21 @@ def _fill_tokens(sample: Any, record: agent_pb2.TokenRecord, decode: Decoder | N
     sample.loss_mask = list(record.loss_mask)
     sample.rollout_log_probs = [float(x) for x in record.logprobs]
     sample.response = decode(response) if decode is not None else ""
+
+
+def placeholder(
+    template: Any,
+    outcome: EpisodeOutcome,
+    reason: str,
+    message: str,
+    *,
+    aborted: bool,
+    spec: ReplaySpec | None = None,
+) -> Any:
+    """A sample never trained on (see `_placeholder`), for callers that build groups."""
+    return _placeholder(
+        template, outcome, reason, message, aborted=aborted, spec=spec or ReplaySpec()
+    )
 
 
 def _placeholder(

@@ -46,7 +46,12 @@ class EpisodeOutcome:
 
     episode_id: str
     address: str
+    # The episode's result; with EpisodeOptions.branch, the last of its results (the stream is
+    # complete once it is set). None when the stream ended without (all of) them.
     result: agent_pb2.EpisodeResult | None = None
+    # Every result in arrival order: one, or with branching one per branch (or the trunk's one
+    # unbranched result when it ended before the fork).
+    results: list[agent_pb2.EpisodeResult] = field(default_factory=list)
     # Set when result is None: one of the constants above or "RPC_<grpc status code name>".
     failure_reason: str = ""
     failure_message: str = ""
@@ -192,7 +197,7 @@ async def _attempt(
             await call.write(agent_pb2.RunEpisodeRequest(start=start))
         except asyncio.InvalidStateError:
             pass  # the call has already ended; the reader gets its status
-        reader = asyncio.ensure_future(_read(call, outcome))
+        reader = asyncio.ensure_future(_read(call, outcome, _expected_results(start)))
         await _watch(call, reader, outcome, settings, should_cancel, deadline)
         if outcome.result is not None:
             # Half-close: nothing more to say, so a server still reading requests can finish.
@@ -215,7 +220,7 @@ async def _attempt(
             _failed(outcome, "CLIENT_ERROR", repr(failure))
     if outcome.result is None and not outcome.failure_reason:
         _failed(outcome, STREAM_ENDED_WITHOUT_RESULT, "the agent ended the call without a result")
-    nothing_arrived = outcome.started is None and not outcome.turns and outcome.result is None
+    nothing_arrived = outcome.started is None and not outcome.turns and not outcome.results
     if outcome.failure_reason == "RPC_UNAVAILABLE" and nothing_arrived:
         directory.mark_unavailable(address)
         if not should_cancel():
@@ -261,9 +266,17 @@ async def _watch(
             return
 
 
+def _expected_results(start: agent_pb2.EpisodeStart) -> int:
+    """Results the stream ends with: one per branch with EpisodeOptions.branch, else one."""
+    if start.options.HasField("branch") and start.options.branch.count > 0:
+        return start.options.branch.count
+    return 1
+
+
 async def _read(
     call: grpc.aio.StreamStreamCall[agent_pb2.RunEpisodeRequest, agent_pb2.RunEpisodeResponse],
     outcome: EpisodeOutcome,
+    expected_results: int = 1,
 ) -> None:
     while True:
         read = await call.read()
@@ -277,9 +290,13 @@ async def _read(
         elif kind == "turn":
             outcome.turns.append(message.turn)
         elif kind == "result":
-            outcome.result = message.result
-            # The server ends the call right after the result; nothing else is needed.
-            return
+            outcome.results.append(message.result)
+            # A result without `branch` is the only one (no branching, or a trunk that ended
+            # before the fork); otherwise the stream holds one per branch.
+            if not message.result.HasField("branch") or len(outcome.results) >= expected_results:
+                outcome.result = message.result
+                # The server ends the call right after the last result; nothing else is needed.
+                return
 
 
 def _record_rpc_error(outcome: EpisodeOutcome, err: grpc.aio.AioRpcError) -> None:

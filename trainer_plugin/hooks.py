@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2
 
 from swerl.agent.v1 import agent_pb2
 from swerl.chassis.timeconv import duration_pb
-from swerl.trainer_plugin import convert, framework, metrics, rewards
+from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.instance import InstanceError, sample_instance
 from swerl.trainer_plugin.prefetch import prefetcher
@@ -92,9 +92,28 @@ async def run_generate(
     state: Any | None,
 ) -> Any:
     """One episode as `generate` returns it, under `framework_name`, watching the abort flag of
-    `state` (None: the framework's singleton)."""
+    `state` (None: the framework's singleton). With `branch_at_turn` the call joins its prompt
+    group's one branching episode (branching.py)."""
     settings = plugin_settings(args)
     check_rollout_mode(args, settings, framework_name)
+    size = branch_group_size(args, settings, evaluation)
+    if size >= 2:
+        return await _generate_in_group(
+            args, sample, sampling_params, evaluation, framework_name, state, size
+        )
+    return await _generate_alone(args, sample, sampling_params, evaluation, framework_name, state)
+
+
+async def _generate_alone(
+    args: Any,
+    sample: Any,
+    sampling_params: Mapping[str, Any],
+    evaluation: bool,
+    framework_name: str,
+    state: Any | None,
+) -> Any:
+    """One unbranched episode for one sample."""
+    settings = plugin_settings(args)
     per_turn = settings.dynamic_history and not evaluation
     params = copy.deepcopy(dict(sampling_params))
     spec = ReplaySpec.for_call(args, params, evaluation)
@@ -135,6 +154,220 @@ async def run_generate(
     return await asyncio.to_thread(
         convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode, spec=spec
     )
+
+
+# -- branching rollouts (branching.py) -------------------------------------------------------
+
+
+def branch_group_size(args: Any, settings: PluginSettings, evaluation: bool) -> int:
+    """n when the call's prompt group shares one branching episode, else 0."""
+    if settings.branch_at_turn <= 0 or (evaluation and not settings.branch_in_eval):
+        return 0
+    return branching.group_size(args, evaluation=evaluation)
+
+
+async def _generate_in_group(
+    args: Any,
+    sample: Any,
+    sampling_params: Mapping[str, Any],
+    evaluation: bool,
+    framework_name: str,
+    state: Any | None,
+    size: int,
+) -> Any:
+    member = branching.Member(sample, copy.deepcopy(dict(sampling_params)))
+    dataset = eval_dataset_name(args, sample) if evaluation else ""
+    key = branching.group_key(args, sample, size, evaluation=evaluation, dataset=dataset)
+
+    def run(group: branching.BranchGroup) -> Any:
+        return run_branch_group(group, args, evaluation, framework_name, state)
+
+    group = branching.rendezvous().join(key, size, member, run)
+    if group is None:
+        _log.warning(
+            "branch.late_member",
+            group_index=getattr(sample, "group_index", None),
+            index=getattr(sample, "index", None),
+            detail="the group's episode had started; this sample runs its own episode",
+        )
+        answer: Any = branching.RUN_ALONE
+    else:
+        answer = await group.wait(member)
+    if answer is branching.RUN_ALONE:
+        return await _generate_alone(
+            args, sample, sampling_params, evaluation, framework_name, state
+        )
+    return answer
+
+
+async def run_branch_group(
+    group: branching.BranchGroup,
+    args: Any,
+    evaluation: bool,
+    framework_name: str,
+    state: Any | None,
+) -> None:
+    """The runner of one prompt group: waits for its members, runs their one branching
+    episode, and answers every member (a sample or list, RUN_ALONE, or the exception)."""
+    settings = plugin_settings(args)
+
+    def aborted() -> bool:
+        return framework.abort_requested(framework_name, state)
+
+    members: list[branching.Member] = []
+    try:
+        members, was_aborted = await group.assemble(
+            settings.branch_rendezvous_timeout_s, settings.abort_poll_interval_s, aborted
+        )
+        if len(members) < group.size and members and not was_aborted:
+            _log.warning(
+                "branch.group_incomplete",
+                group=str(group.key[-1]),
+                present=len(members),
+                expected=group.size,
+                waited_s=settings.branch_rendezvous_timeout_s,
+            )
+        if not members:
+            return
+        if was_aborted:
+            answers = await asyncio.to_thread(
+                _aborted_before_start, members, args, settings, evaluation
+            )
+        elif len(members) == 1:
+            answers = [branching.RUN_ALONE]
+        else:
+            answers = await _run_branched(
+                members, args, settings, evaluation, framework_name, state, aborted
+            )
+        for member, answer in zip(members, answers, strict=True):
+            if not member.answer.done():
+                member.answer.set_result(answer)
+    except asyncio.CancelledError:
+        for member in members or group.members:
+            member.answer.cancel()
+        raise
+    except Exception as err:  # every member's call raises it (e.g. RoutingReplayError)
+        for member in members or group.members:
+            if not member.answer.done() and not member.left:  # nobody reads a leaver's
+                member.answer.set_exception(err)
+
+
+def _aborted_before_start(
+    members: list[branching.Member], args: Any, settings: PluginSettings, evaluation: bool
+) -> list[Any]:
+    per_turn = settings.dynamic_history and not evaluation
+    answers = []
+    for member in members:
+        outcome = EpisodeOutcome(
+            episode_id=new_episode_id(member.sample),
+            address="",
+            failure_reason="ABORTED_BEFORE_START",
+            failure_message="the rollout was aborted while the prompt group was gathering",
+            cancelled_by="abort",
+        )
+        spec = ReplaySpec.for_call(args, member.sampling_params, evaluation)
+        answers.append(
+            convert.outcome_to_samples(member.sample, outcome, per_turn=per_turn, spec=spec)
+        )
+    return answers
+
+
+async def _run_branched(
+    members: list[branching.Member],
+    args: Any,
+    settings: PluginSettings,
+    evaluation: bool,
+    framework_name: str,
+    state: Any | None,
+    aborted: Any,
+) -> list[Any]:
+    """One RunEpisode with EpisodeOptions.branch for the members; their answers in order."""
+    leader = members[0]
+    per_turn = settings.dynamic_history and not evaluation
+    spec = ReplaySpec.for_call(args, leader.sampling_params, evaluation)
+    episode_id = new_episode_id(leader.sample)
+    at_turn = settings.branch_at_turn
+    try:
+        start = build_start(
+            args,
+            leader.sample,
+            leader.sampling_params,
+            settings,
+            episode_id=episode_id,
+            per_turn=per_turn,
+            evaluation=evaluation,
+            spec=spec,
+        )
+    except InstanceError as err:
+        outcome = EpisodeOutcome(
+            episode_id=episode_id,
+            address="",
+            failure_reason=INVALID_INSTANCE,
+            failure_message=str(err),
+        )
+    else:
+        start.options.branch.at_turn = at_turn
+        start.options.branch.count = len(members)
+        found = prefetcher(settings)
+        if found is not None:
+            found.add(start.instance.image_name)
+        _log.info(
+            "branch.group_started",
+            episode_id=episode_id,
+            group_index=getattr(leader.sample, "group_index", None),
+            branches=len(members),
+            at_turn=at_turn,
+        )
+        outcome = await run_episode(start, agent_directory(settings), settings, aborted)
+    _log_outcome(outcome)
+    if spec.routed_experts:
+        check_routing_replay(outcome)
+    splits = branching.split_outcome(outcome, len(members))
+    decode = _decoder(settings, framework_name, state)
+    branched = any(r.HasField("branch") for r in outcome.results)
+
+    def convert_all() -> list[Any]:
+        lists: dict[int, list[Any]] = {}
+        for i, (member, split) in enumerate(zip(members, splits, strict=True)):
+            if isinstance(split, branching.RunAlone):
+                continue
+            out = convert.outcome_to_samples(
+                member.sample, split, per_turn=per_turn, decode=decode, spec=spec
+            )
+            lists[i] = out if per_turn else [out]
+            branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
+        if per_turn and branched:
+            order = sorted(lists)
+
+            def placeholder(j: int) -> Any:
+                i = order[j]
+                split = splits[i]
+                assert isinstance(split, EpisodeOutcome)
+                result = split.result
+                was_cancelled = split.cancelled_by == "abort" or (
+                    result is not None
+                    and result.status
+                    in (agent_pb2.EPISODE_STATUS_CANCELLED, agent_pb2.EPISODE_STATUS_ABORTED)
+                )
+                made = convert.placeholder(
+                    members[i].sample,
+                    split,
+                    "NO_BRANCH_TURNS",
+                    "the branch ended without a turn of its own",
+                    aborted=was_cancelled,
+                    spec=spec,
+                )
+                branching.annotate([made], split, episode_id, at_turn, i)
+                return made
+
+            shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
+            lists.update(zip(order, shared, strict=True))
+        return [
+            branching.RUN_ALONE if i not in lists else (lists[i] if per_turn else lists[i][0])
+            for i in range(len(members))
+        ]
+
+    return await asyncio.to_thread(convert_all)
 
 
 def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str) -> None:

@@ -49,6 +49,25 @@ class PluginSettings(BaseSettings):
         description="One Sample per turn (each the exact prompt the model saw that turn), all "
         "sharing rollout_id; generate then always returns a list.",
     )
+    branch_at_turn: int = Field(
+        0,
+        ge=0,
+        description="Branching rollouts: > 0 makes the n samples of one prompt group one "
+        "episode that runs a shared trunk for this many turns, then forks the sandbox and the "
+        "exact token state into n branches (one per sample); 0 = off (independent episodes).",
+    )
+    branch_in_eval: bool = Field(
+        False,
+        description="Branch evaluation episodes too (groups of n_samples_per_eval_prompt); off = "
+        "evaluation runs independent episodes whatever branch_at_turn says.",
+    )
+    branch_rendezvous_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long the first member of a prompt group waits for the others before "
+        "its branching episode starts with the members present (one alone runs unbranched); a "
+        "member arriving after its group started runs its own unbranched episode.",
+    )
     prm_enabled: bool = Field(False, description="Judge every step with the PRM service.")
     prm_endpoint: str = Field("", description="PrmService host:port; empty = the agent's own.")
     prm_m: int = Field(0, ge=0, description="PRM votes per step; 0 = the PRM service default.")

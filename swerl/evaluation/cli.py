@@ -38,7 +38,8 @@ async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
         async with (
             local_stack(
                 nodes=args.nodes,
-                max_sandboxes=max(2, 2 * args.concurrency),
+                # A branching episode holds its trunk's sandbox and its forks on one node.
+                max_sandboxes=max(2, args.concurrency * (2 + (args.branches or 0))),
                 purpose=args.stack_name or f"eval-{os.getpid()}",
             ) as stack,
             local_agent(stack.pool_address, stack.token) as agent,
@@ -156,8 +157,12 @@ async def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         artifact_dir=args.remote_artifact_dir if args.agent else str(out.artifacts.resolve()),
         config_name=args.config_name,
+        branch_at=args.branch_at or 0,
+        branches=args.branches or 0,
     )
-    info = {"dataset": str(args.dataset), "policy_api": args.policy_api}
+    info: dict[str, Any] = {"dataset": str(args.dataset), "policy_api": args.policy_api}
+    if config.branches:
+        info.update(branch_at=config.branch_at)
     progress = Progress(len(todo))
     if todo:
         async with _policy(args, tasks) as url, _agent(args) as (address, token):
@@ -183,6 +188,12 @@ async def _run(args: argparse.Namespace) -> int:
         f"({100 * summary['resolve_rate']:.1f}%), errors {summary['errors']}, "
         f"not run {summary['not_run']}; by status {json.dumps(summary['by_status'])}"
     )
+    if "pass_at_n" in summary:
+        print(
+            f"pass@{summary['branches']} {summary['resolved']}/{summary['instances']} "
+            f"({100 * summary['pass_at_n']:.1f}%), pass@1 estimate "
+            f"{100 * summary['pass_at_1']:.1f}% (branches from turn {config.branch_at})"
+        )
     print(f"wrote {args.output}/results.jsonl, preds.jsonl, summary.json")
     if summary["errors"]:
         print("errors are not scored; run again with --retry-errors to retry them")
@@ -199,6 +210,10 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     if args.replay and not args.dataset.is_dir():
         print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
+        return 2
+    problem = _branching_problem(args)
+    if problem:
+        print(f"swerl eval: {problem}", file=sys.stderr)
         return 2
 
     async def main() -> int:
@@ -220,6 +235,29 @@ def _eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"swerl eval: {exc}", file=sys.stderr)
         return 2
+
+
+MAX_BRANCHES = 64  # EpisodeBranch.count's limit in the agent contract
+
+
+def _branching_problem(args: argparse.Namespace) -> str | None:
+    """Why --branch-at/--branches cannot describe a best-of-n run (None: they can)."""
+    at, count = args.branch_at, args.branches
+    if at is None and count is None:
+        return None
+    if (at is not None and at < 0) or (count is not None and count < 0):
+        return "--branch-at and --branches take numbers >= 0"
+    if count is None:
+        return "--branch-at needs --branches N (N >= 2 branches from the shared start)"
+    if at is None:
+        return "--branches needs --branch-at K (the turns of the shared start)"
+    if not 2 <= count <= MAX_BRANCHES:
+        return f"--branches takes 2 to {MAX_BRANCHES} branches, not {count}"
+    if args.max_turns and at >= args.max_turns:
+        return f"--branch-at {at} must be below --max-turns {args.max_turns}"
+    if args.policy_api != "sglang":
+        return "--branch-at/--branches need --policy-api sglang (token-exact forks)"
+    return None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -295,4 +333,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--wall-timeout", type=float, default=0.0, help="seconds per episode")
     run.add_argument("--command-timeout", type=float, default=0.0, help="seconds per command")
     run.add_argument("--eval-timeout", type=float, default=0.0, help="seconds per evaluation")
+    best = parser.add_argument_group(
+        "best-of-n from a shared start",
+        "each instance runs K turns once, then N branches with distinct sampling seeds from "
+        "the same sandbox and token state, each graded; results.jsonl gets one line per branch "
+        "(branch, sampling_seed); the summary reports pass@N (any branch resolved) and the "
+        "pass@1 estimate (mean over the branches)",
+    )
+    best.add_argument("--branch-at", type=int, metavar="K", help="turns of the shared trunk")
+    best.add_argument("--branches", type=int, metavar="N", help="branches (2 to 64)")
     parser.set_defaults(handler=_eval)

@@ -3,9 +3,16 @@ and preds.jsonl + summary.json (derived from it at the end of every run).
 
 results.jsonl is the source of truth and the resume point: one line per finished episode,
 flushed and fsynced as it ends, so an interrupted run loses only the episodes still running.
-When an instance has several lines (an error retried), the last one counts. Errors (infra
+When an instance has several episodes (an error retried), the last one counts. Errors (infra
 failures, aborted generations) are kept apart from answers: they are not counted as unresolved,
 and `--retry-errors` runs them again.
+
+Best-of-n (`--branch-at K --branches N`): an episode writes one line per branch (`branch`,
+`sampling_seed`), appended together when the episode ends. The instance's record combines them
+(`combine`): resolved when any branch resolved (pass@n), an error when none resolved and some
+branch ended in error (its answer is unknown), otherwise the answer of its first branch; the
+summary adds `pass_at_n` and the estimate `pass_at_1` (per instance, the share of its answered
+branches that resolved, averaged over the selected instances).
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ class OutputDir:
         return self.path / ARTIFACTS_DIR
 
     def records(self) -> dict[str, dict[str, Any]]:
-        """The latest record of every instance in results.jsonl."""
-        latest: dict[str, dict[str, Any]] = {}
+        """The record of every instance in results.jsonl: its latest episode's (the lines of
+        a branching episode combined, see `combine`)."""
+        latest: dict[str, list[dict[str, Any]]] = {}
         file = self.path / RESULTS_FILE
         if not file.exists():
-            return latest
+            return {}
         for line in file.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
@@ -51,8 +59,11 @@ class OutputDir:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by a crash mid-write; that instance runs again
-            latest[str(record["instance_id"])] = record
-        return latest
+            rows = latest.setdefault(str(record["instance_id"]), [])
+            if rows and rows[-1].get("episode_id") != record.get("episode_id"):
+                rows.clear()  # a later episode of the instance replaces the earlier one
+            rows.append(record)
+        return {iid: combine(rows) for iid, rows in latest.items()}
 
     def finished(self, *, retry_errors: bool) -> set[str]:
         """Instances a resumed run skips."""
@@ -62,9 +73,11 @@ class OutputDir:
             if not (retry_errors and record["status"] in ERROR_STATUSES)
         }
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, *records: dict[str, Any]) -> None:
+        """Appends an episode's records (one, or one per branch) in one write."""
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         with (self.path / RESULTS_FILE).open("a", encoding="utf-8") as out:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.write(lines)
             out.flush()
             os.fsync(out.fileno())
 
@@ -88,6 +101,30 @@ class OutputDir:
         return summary
 
 
+def combine(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One instance's record from its episode's rows: the row itself without branching; with
+    branches, the first resolved branch's row (else the first answered one's), resolved when
+    any branch resolved, an error when none resolved and some branch ended in error, and the
+    rows themselves under `branches`."""
+    if len(rows) == 1 and "branch" not in rows[0]:
+        return rows[0]
+    resolved = [r for r in rows if r.get("resolved")]
+    answered = [r for r in rows if r["status"] not in ERROR_STATUSES]
+    errors = [r for r in rows if r["status"] in ERROR_STATUSES]
+    best = (resolved or (errors if errors else answered) or rows)[0]
+    combined = dict(best)
+    combined["resolved"] = bool(resolved)
+    combined["branches"] = rows
+    return combined
+
+
+def pass_at_1(record: dict[str, Any]) -> float:
+    """The share of the instance's answered branches (or its one answer) that resolved."""
+    rows = record.get("branches") or [record]
+    answered = [r for r in rows if r["status"] not in ERROR_STATUSES]
+    return sum(bool(r.get("resolved")) for r in answered) / len(answered) if answered else 0.0
+
+
 def summarize(records: list[dict[str, Any]], *, total: int) -> dict[str, Any]:
     by_status = Counter(r["status"] for r in records)
     by_eval = Counter(r["eval_status"] for r in records if r.get("eval_status"))
@@ -96,11 +133,18 @@ def summarize(records: list[dict[str, Any]], *, total: int) -> dict[str, Any]:
     graded = sum(1 for r in records if r.get("eval_status"))
     sums: dict[str, float] = defaultdict(float)
     counts: Counter[str] = Counter()
-    for record in records:
-        for key, value in (record.get("metrics") or {}).items():
+    for row in (row for record in records for row in record.get("branches") or [record]):
+        for key, value in (row.get("metrics") or {}).items():
             sums[key] += float(value)
             counts[key] += 1
+    branched = [r for r in records if "branches" in r]
+    best_of: dict[str, float] = {}
+    if branched:
+        best_of["branches"] = max(len(r["branches"]) for r in branched)
+        best_of["pass_at_n"] = resolved / total if total else 0.0
+        best_of["pass_at_1"] = sum(pass_at_1(r) for r in records) / total if total else 0.0
     return {
+        **best_of,
         "instances": total,
         "completed": len(records) - errors,
         "not_run": total - len(records),

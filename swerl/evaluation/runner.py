@@ -1,5 +1,10 @@
 """Runs the selected instances as agent episodes, `concurrency` at a time, recording each result
-as it ends, with a live progress line (done / resolved / errors / running / ETA)."""
+as it ends, with a live progress line (done / resolved / errors / running / ETA).
+
+Best-of-n (`branch_at`/`branches`): each instance is one branching episode
+(EpisodeOptions.branch): the trunk runs `branch_at` turns once, then `branches` branches with
+distinct sampling seeds go on from the same sandbox state and are graded one by one; the
+instance gets one record per branch (`branch`, `sampling_seed`)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
 from swerl.evaluation.dataset import EvalInstance
-from swerl.evaluation.results import ERROR_STATUSES, OutputDir
+from swerl.evaluation.results import ERROR_STATUSES, OutputDir, combine
 from swerl.exec.v1 import evaluate_pb2
 
 _EPISODE_STATUS = {v: k.removeprefix("EPISODE_STATUS_") for k, v in pb.EpisodeStatus.items()}
@@ -47,6 +52,9 @@ class EvalConfig:
     artifact_dir: str = ""
     config_name: str = ""
     owner: str = "swerl-eval"
+    # Best-of-n from a shared start: turns of the shared trunk, and branches (0: no branching).
+    branch_at: int = 0
+    branches: int = 0
 
     @property
     def episode_deadline_s(self) -> float:
@@ -82,18 +90,23 @@ def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -
         ),
     )
     start.policy.sampling_params.update(config.sampling_params)
+    if config.branches:
+        start.options.branch.at_turn = config.branch_at
+        start.options.branch.count = config.branches
     return start
 
 
 async def run_episode(
     stub: agent_pb2_grpc.AgentServiceStub, instance: EvalInstance, config: EvalConfig
-) -> dict[str, Any]:
-    """One episode to its result record. Failures of the call itself are INFRA_ERROR records."""
+) -> list[dict[str, Any]]:
+    """One episode to its result records: one, or with branching one per branch (in branch
+    order). Failures of the call itself are an INFRA_ERROR record (after the branches' records
+    that did arrive)."""
     safe_id = re.sub(r"[^A-Za-z0-9_.-]", "_", instance.instance_id)[:80]
     episode_id = f"eval-{safe_id}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     record: dict[str, Any] = {"instance_id": instance.instance_id, "episode_id": episode_id}
-    result = None
+    results: list[pb.EpisodeResult] = []
     requests: asyncio.Queue[pb.RunEpisodeRequest | None] = asyncio.Queue()
 
     async def request_stream():
@@ -108,7 +121,7 @@ async def run_episode(
         try:
             async for message in call:
                 if message.WhichOneof("kind") == "result":
-                    result = message.result
+                    results.append(message.result)
         except asyncio.CancelledError:
             await _cancel_episode(call, requests)
             raise
@@ -120,14 +133,25 @@ async def run_episode(
     except ValueError as exc:  # the instance could not be turned into a request
         record.update(status="INFRA_ERROR", error_reason="BAD_INSTANCE", error_message=str(exc))
     else:
-        if result is None:
+        if not results:
             record.update(status="INFRA_ERROR", error_reason="NO_RESULT", error_message="")
-        else:
-            record.update(_result_fields(result))
-    record["resolved"] = bool(record.get("resolved"))
-    record["duration_s"] = round(time.monotonic() - started, 3)
-    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    return record
+    records = []
+    for result in sorted(results, key=lambda r: r.branch):
+        branch_record = {**record, **_result_fields(result)}
+        if config.branches:
+            branch_record["branch"] = result.branch if result.HasField("branch") else None
+            branch_record["sampling_seed"] = result.sampling_seed
+        records.append(branch_record)
+    if "status" in record or not records:  # the call failed (after any branch results)
+        if config.branches:
+            record.update(branch=None, sampling_seed=0)
+        records.append(record)
+    finished_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for one in records:
+        one["resolved"] = bool(one.get("resolved"))
+        one["duration_s"] = round(time.monotonic() - started, 3)
+        one["finished_at"] = finished_at
+    return records
 
 
 async def _cancel_episode(call: Any, requests: asyncio.Queue) -> None:
@@ -177,6 +201,7 @@ class Progress:
         self.started = time.monotonic()
 
     def finish(self, record: dict[str, Any]) -> None:
+        """Counts one finished instance (its combined record, see results.combine)."""
         self.done += 1
         self.resolved += bool(record.get("resolved"))
         self.errors += record["status"] in ERROR_STATUSES
@@ -226,11 +251,11 @@ async def run_all(
             progress.running += 1
             progress.show()
             try:
-                record = await run_episode(stub, instance, config)
+                records = await run_episode(stub, instance, config)
             finally:
                 progress.running -= 1
-            out.append(record)
-            progress.finish(record)
+            out.append(*records)
+            progress.finish(combine(records))
 
     tasks = [asyncio.ensure_future(one(instance)) for instance in instances]
     try:

@@ -246,3 +246,53 @@ async def test_eval_uses_running_services_with_agent_or_pool(tmp_path):
     assert remote["artifact_dir"] == ""  # a remote agent writes artifacts only when asked
     assert pooled["instance_id"] == ALL[1] and pooled["resolved"]
     assert await asyncio.to_thread(os.path.isdir, pooled["artifact_dir"])
+
+
+def test_best_of_n_from_a_shared_start_writes_a_row_per_branch_and_reports_pass_at_n(tmp_path):
+    out = tmp_path / "best-of-3"
+    ids = ALL[:2]
+    args = ("--replay", "gold", "-o", str(out), "--instance-ids", *ids, "-j", "2")
+    run = _eval(*args, "--branch-at", "2", "--branches", "3")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "pass@3 2/2 (100.0%), pass@1 estimate 100.0% (branches from turn 2)" in run.stdout
+    records = _records(out)
+    assert len(records) == 6
+    for iid in ids:
+        rows = [r for r in records if r["instance_id"] == iid]
+        # One episode per instance, its three branches, each with its own seed, each graded.
+        assert len({r["episode_id"] for r in rows}) == 1
+        assert sorted(r["branch"] for r in rows) == [0, 1, 2]
+        assert len({r["sampling_seed"] for r in rows}) == 3
+        assert all(r["status"] == "SUBMITTED" and r["resolved"] for r in rows)
+        assert all(r["eval_status"] == "RESOLVED_FULL" and r["reward"] == 1.0 for r in rows)
+        assert all(r["metrics"]["turns"] == 4.0 for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["branches"] == 3 and summary["branch_at"] == 2
+    assert summary["pass_at_n"] == 1.0 and summary["pass_at_1"] == 1.0
+    assert summary["instances"] == 2 and summary["resolved"] == 2 and summary["errors"] == 0
+    preds = [json.loads(line) for line in (out / "preds.jsonl").read_text().splitlines()]
+    assert sorted(p["instance_id"] for p in preds) == ids  # one prediction per instance
+    # Resumable as a plain run: both instances are done.
+    again = _eval(*args, "--branch-at", "2", "--branches", "3")
+    assert again.returncode == 0 and "2 already done" in again.stdout
+    assert len(_records(out)) == 6
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (("--branch-at", "2"), "--branch-at needs --branches"),
+        (("--branches", "3"), "--branches needs --branch-at"),
+        (("--branch-at", "2", "--branches", "1"), "--branches takes 2 to 64"),
+        (("--branch-at", "-1", "--branches", "3"), "numbers >= 0"),
+        (("--branch-at", "2", "--branches", "-3"), "numbers >= 0"),
+        (("--branch-at", "2", "--branches", "65"), "--branches takes 2 to 64"),
+        (("--branch-at", "5", "--branches", "2", "--max-turns", "5"), "below --max-turns 5"),
+    ],
+)
+def test_bad_best_of_n_values_exit_2_with_one_line(tmp_path, flags, says):
+    bad = _eval("--replay", "gold", "--no-build", "-o", str(tmp_path / "x"), *flags, timeout=60)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("swerl eval: ") and says in lines[0], lines
+    assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()

@@ -152,3 +152,61 @@ def test_progress_line_shows_done_resolved_errors_running_and_eta(capsys):
     line = progress.line()
     assert "2/4 done | 1 resolved | 1 errors" in line and "ETA 00:0" in line
     assert capsys.readouterr().err.count("done") == 2
+
+
+def _branches(iid: str, episode: str, outcomes: list[tuple[str, bool]]) -> list[dict]:
+    return [
+        _record(iid, status, resolved, episode_id=episode, branch=b, sampling_seed=100 + b)
+        for b, (status, resolved) in enumerate(outcomes)
+    ]
+
+
+def test_branch_rows_combine_into_pass_at_n_and_a_pass_at_1_estimate(tmp_path):
+    out = OutputDir(tmp_path)
+    # a: 1 of 3 branches resolved; b: none (answered); c: none resolved, one infra error.
+    out.append(
+        *_branches("a", "e-a", [("SUBMITTED", False), ("SUBMITTED", True), ("LIMIT_TURNS", False)])
+    )
+    out.append(*_branches("b", "e-b", [("SUBMITTED", False)] * 3))
+    out.append(
+        *_branches("c", "e-c", [("SUBMITTED", False), ("INFRA_ERROR", False), ("SUBMITTED", False)])
+    )
+    records = out.records()
+    assert records["a"]["resolved"] and records["a"]["branch"] == 1  # the resolved branch's row
+    assert [r["sampling_seed"] for r in records["a"]["branches"]] == [100, 101, 102]
+    assert not records["b"]["resolved"] and records["b"]["status"] == "SUBMITTED"
+    assert records["c"]["status"] == "INFRA_ERROR"  # unknown answer: an error, retried
+    assert out.finished(retry_errors=True) == {"a", "b"}
+    summary = out.write_derived(["a", "b", "c", "d"], "m", {})
+    assert summary["branches"] == 3
+    assert summary["resolved"] == 1 and summary["errors"] == 1 and summary["not_run"] == 1
+    assert summary["pass_at_n"] == pytest.approx(1 / 4)
+    # pass@1: a 1/3, b 0/3, c 0/2 answered, d not run: over the 4 selected instances.
+    assert summary["pass_at_1"] == pytest.approx((1 / 3) / 4)
+    preds = [json.loads(x) for x in (tmp_path / "preds.jsonl").read_text().splitlines()]
+    assert [p["instance_id"] for p in preds] == ["a", "b"]
+    # A retried instance: its later episode's rows replace the earlier ones.
+    out.append(
+        *_branches("c", "e-c2", [("SUBMITTED", True), ("SUBMITTED", False), ("SUBMITTED", False)])
+    )
+    records = out.records()
+    assert records["c"]["resolved"] and len(records["c"]["branches"]) == 3
+    summary = out.write_derived(["a", "b", "c"], "m", {})
+    assert summary["pass_at_n"] == pytest.approx(2 / 3)
+    assert summary["pass_at_1"] == pytest.approx((1 / 3 + 0 + 1 / 3) / 3)
+
+
+def test_a_summary_without_branches_has_no_best_of_n_figures():
+    summary = summarize([_record("a", "SUBMITTED", True)], total=1)
+    assert "pass_at_n" not in summary and "pass_at_1" not in summary
+
+
+def test_a_branching_start_carries_the_fork_turn_and_the_branch_count():
+    (instance,) = [
+        i for i in load_instances(default_tasks_dir()).instances if i.instance_id.endswith("-5")
+    ]
+    config = EvalConfig(policy_endpoint="http://p", branch_at=2, branches=3)
+    start = episode_start(instance, config, "e-1")
+    assert (start.options.branch.at_turn, start.options.branch.count) == (2, 3)
+    plain = episode_start(instance, EvalConfig(policy_endpoint="http://p"), "e-2")
+    assert not plain.options.HasField("branch")

@@ -183,6 +183,46 @@ def result(
     return out
 
 
+def branch_turns(n: int, at_turn: int, branch: int) -> list[Turn]:
+    """A branch's n turns: the trunk's first `at_turn` as in `turns(n)`, then its own (token
+    ids shifted by the branch, so branches differ after the fork)."""
+    out = turns(n)
+    for i in range(at_turn, n):
+        shift = 100 * (branch + 1)
+        out[i] = Turn(
+            [tok + shift for tok in out[i].response],
+            out[i].logprobs,
+            [tok + shift for tok in out[i].observation],
+        )
+    return out
+
+
+def branch_result(
+    start: agent_pb2.EpisodeStart,
+    branch: int,
+    status: int = S.EPISODE_STATUS_SUBMITTED,
+    *,
+    n_turns: int = 4,
+    reward: float | None = 1.0,
+    error_reason: str = "",
+) -> agent_pb2.EpisodeResult:
+    """Branch `branch`'s result of a branching start (EpisodeOptions.branch)."""
+    out = result(
+        start, status, n_turns=n_turns, reward=reward, error_reason=error_reason, with_replay=False
+    )
+    at_turn = start.options.branch.at_turn
+    ts = branch_turns(n_turns, at_turn, branch)
+    if start.options.dynamic_history:
+        del out.turns[:]
+        out.turns.extend(per_turn_records(ts, reward))
+    elif n_turns:
+        out.trajectory.CopyFrom(trajectory(ts, reward))
+    out.branch = branch
+    out.sampling_seed = 1000 + 1 + branch
+    out.artifact_dir = f"{out.artifact_dir}.b{branch}"
+    return out
+
+
 @dataclass
 class Scenario:
     """How the playback agent answers one RunEpisode call."""
@@ -195,6 +235,8 @@ class Scenario:
     abort_code: grpc.StatusCode | None = None  # fail the call (after the streamed turns)
     end_without_result: bool = False
     delay_before_result_s: float = 0.0
+    # Several results (a branching episode's, one per branch); `result` is then unused.
+    results: list[agent_pb2.EpisodeResult] | None = None
 
 
 @dataclass
@@ -241,10 +283,22 @@ class PlaybackAgent(agent_pb2_grpc.AgentServiceServicer):
                 await asyncio.Event().wait()
             if scenario.wait_for_cancel:
                 await cancelled.wait()
+                count = start.options.branch.count
+                if count:  # every branch ends CANCELLED with its partial trajectory
+                    for b in range(count):
+                        partial = branch_result(
+                            start, b, S.EPISODE_STATUS_CANCELLED, n_turns=3, reward=None
+                        )
+                        yield agent_pb2.RunEpisodeResponse(result=partial)
+                    return
                 partial = result(start, S.EPISODE_STATUS_CANCELLED, n_turns=2, reward=None)
                 yield agent_pb2.RunEpisodeResponse(result=partial)
                 return
             await asyncio.sleep(scenario.delay_before_result_s)
+            if scenario.results is not None:
+                for answer in scenario.results:
+                    yield agent_pb2.RunEpisodeResponse(result=answer)
+                return
             answer = scenario.result if scenario.result is not None else result(start)
             yield agent_pb2.RunEpisodeResponse(result=answer)
         except asyncio.CancelledError:

@@ -330,3 +330,49 @@ async def test_top_p_and_routing_replay_carry_what_the_policy_returned(fw, base_
     assert set(keys) == episodes and len(episodes) == 8
     turns_per_episode = {key: keys.count(key) for key in episodes}
     assert set(turns_per_episode.values()) == {4}, "every turn of an episode carries its key"
+
+
+@pytest.mark.parametrize("per_turn", [False, True], ids=["whole-trajectory", "dynamic-history"])
+async def test_branching_groups_share_their_trunk_through_the_real_services(
+    fw, base_image, per_turn
+):
+    # Each group's trunk and its 4 forks are on the node together at the fork.
+    async with real_services(max_sandboxes=10, branch_at_turn=2, dynamic_history=per_turn) as env:
+        groups = await generate_groups(fw, env.args, rollout_batch(fw, env.tasks))
+        await no_sandbox_left(env.node_ids)
+        # Per group: the trunk's 2 turns once, then 2 turns in each of the 4 branches.
+        policy_calls = env.replay.stats.requests
+    assert policy_calls == len(PROMPTS) * (2 + SAMPLES_PER_PROMPT * 2)
+
+    for group in groups:
+        lists = [fw.check_call_result(out, per_turn=per_turn) for out in group]
+        episode = {s.metadata["branch_episode_id"] for samples in lists for s in samples}
+        assert len(episode) == 1, "one episode per prompt group"
+        assert [samples[-1].metadata["branch"] for samples in lists] == [0, 1, 2, 3]
+        assert len({samples[-1].metadata["sampling_seed"] for samples in lists}) == 4
+        for samples in lists:
+            for sample in samples:
+                assert sample.status is fw.Sample.Status.COMPLETED
+                assert sample.reward == 1.0 and not sample.remove_sample
+        if per_turn:
+            # The trunk's 2 turns once, on the first member; each member's own 2 turns.
+            assert [len(samples) for samples in lists] == [4, 2, 2, 2]
+            trunk_context = lists[0][1].tokens
+            for samples in lists:
+                assert samples[-2].tokens[: len(trunk_context)] == trunk_context
+        else:
+            whole = [samples[0] for samples in lists]
+            # The trunk's 2 turns: the same tokens, masks and logprobs in every member.
+            runs = [policy_runs(s) for s in whole]
+            assert all(len(r) == 4 for r in runs)
+            assert all(r[:2] == runs[0][:2] for r in runs)
+            prefix = len(whole[0].tokens) - whole[0].response_length
+            first = whole[0]
+            for sample in whole:
+                assert sample.tokens[:prefix] == first.tokens[:prefix]
+    flat = flatten(groups)
+    for group in groups:
+        assert fw.call_dynamic_filter(filter_infra_failures, env.args, group).keep
+    raw, rewards = post_process_rewards(env.args, flat)
+    assert raw == [1.0] * len(flat) and rewards == pytest.approx([0.0] * len(flat))
+    fw.train_data(env.args, groups)
