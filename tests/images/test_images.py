@@ -203,6 +203,10 @@ async def test_cli_pull_and_status_exit_codes_and_report(node, base_image, tmp_p
 
     assert await asyncio.to_thread(main, ["images", "pull", "--node", node]) == 2
     assert await asyncio.to_thread(main, ["images", "pull", "--image", base_image]) == 2
+    # Home sets are the pool's: --replicas over hand-named nodes is refused.
+    replicas = ["images", "pull", "--image", base_image, "--node", node, "--replicas", "1"]
+    assert await asyncio.to_thread(main, replicas) == 2
+    assert "--replicas takes the nodes from --pool" in capsys.readouterr().err
 
 
 async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
