@@ -12,7 +12,11 @@
   container there. The base image is copied into it
   (`docker save | docker load`), because sandboxes and task images need it.
 - `push_images` pushes images of the shared dockerd (e.g. the bundled task images `swerl tasks
-  build` made) to a registry under `127.0.0.1:<port>/<name>` and removes the tags it added.
+  build` made) to a registry under `127.0.0.1:<port>/<name>` and removes the tags it added, so
+  the registry is the one place those names live; `remove_names` drops such a name again from a
+  dockerd after a node there pulled it (only the name: the image keeps its other names).
+- `pull_events` reads dockerd's own record of the pulls it ran: the count a test of "one pull"
+  asserts, independent of swerl's counters.
 
 Everything started here is stopped by the returned object's `stop()`, leaving nothing behind.
 """
@@ -288,5 +292,21 @@ def pull_events(docker_host: str, since: float, until: float) -> list[dict]:
             since=int(since), until=int(until) + 1, filters={"type": "image"}, decode=True
         )
         return [e for e in events if e.get("Action") == "pull"]
+    finally:
+        client.close()
+
+
+def remove_names(names: list[str], docker_host: str | None = None) -> None:
+    """Removes these image names (tags) from a dockerd, the shared one by default; absent names
+    are skipped and nothing else is touched (`noprune`: an image with other names keeps them)."""
+    client = (
+        docker.DockerClient(base_url=docker_host, timeout=120)
+        if docker_host
+        else docker.from_env(timeout=120)
+    )
+    try:
+        for name in names:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                client.api.remove_image(name, noprune=True)
     finally:
         client.close()

@@ -8,8 +8,9 @@ choice sees the room the previous one took.
 A dataset's images do not fit on one node, so each image has a home set: the `k` nodes that rank
 highest for it by rendezvous hashing (image x node id) over the healthy nodes. Each node is home
 to about k/N of the dataset, and a node joining or leaving moves only the images it ranks first
-for. `swerl images pull --replicas k` uses the same function, so what an operator pre-pulls is
-where the pool looks.
+for. Which nodes are hashed over (`home_candidates`) and how (`homes`) is decided here once: the
+pool's pulls and `swerl images pull --replicas k` (over the pool's ListNodes) both call these two,
+so what an operator pre-pulls is where the pool looks.
 
 Order of choice for a lease: a ready warm spare of its image and spec; else the least loaded node
 that has its image and room; else a node already pulling the image, with room (the lease joins
@@ -55,15 +56,24 @@ def _score(key: bytes, node_id: str) -> int:
     return int.from_bytes(digest, "big")
 
 
+def home_candidates(nodes: Iterable[tuple[str, NodeState]]) -> tuple[str, ...]:
+    """The node ids image homes are hashed over, from (node id, state) pairs: the HEALTHY ones.
+
+    A node that is unhealthy, draining, drained or not yet synced takes no new sandbox, so an
+    image homed on it would be pulled elsewhere anyway; leaving it out moves only its share."""
+    return tuple(node_id for node_id, state in nodes if state is HEALTHY)
+
+
 def homes(image: str, node_ids: Iterable[str], k: int) -> list[str]:
-    """The image's home set: the k node ids that score highest for it, best first."""
+    """The image's home set among `node_ids` (`home_candidates`' answer): the k node ids that
+    score highest for it, best first."""
     key = image_key(image).encode()
     ranked = sorted(node_ids, key=lambda node_id: _score(key, node_id), reverse=True)
     return ranked[: max(k, 0)]
 
 
 def homes_by_image(images: Iterable[str], node_ids: Sequence[str], k: int) -> dict[str, list[str]]:
-    """`homes` of every image (pre-pulling a dataset)."""
+    """`homes` of every image among `node_ids` (pre-pulling a dataset: pass `home_candidates`)."""
     return {image: homes(image, node_ids, k) for image in images}
 
 

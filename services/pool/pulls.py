@@ -34,7 +34,7 @@ import structlog
 from swerl.chassis.errors import SwerlError
 from swerl.pool import metrics, placement
 from swerl.pool.errors import NodeUnreachable, pull_error
-from swerl.pool.model import Node, NodeState, image_names
+from swerl.pool.model import Node, image_names
 from swerl.pool.nodes import PullProgress
 from swerl.pool.state import PoolState
 
@@ -104,8 +104,8 @@ class Pulls:
 
     # -- what placement asks ------------------------------------------------------------
     def homes_of(self, image: str) -> list[str]:
-        healthy = tuple(
-            n.node_id for n in self._state.nodes.values() if n.state is NodeState.HEALTHY
+        healthy = placement.home_candidates(
+            (n.node_id, n.state) for n in self._state.nodes.values()
         )
         if healthy != self._homes_nodes:
             self._homes, self._homes_nodes = {}, healthy

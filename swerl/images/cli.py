@@ -51,17 +51,24 @@ def _pull(args: argparse.Namespace) -> int:
     images, addresses = inputs
     plan: dict[str, list[str]] = {address: images for address in addresses}
     if args.replicas:
-        from swerl.images.pull import home_plan, node_ids
+        from swerl.images.pull import home_plan, pool_nodes
 
-        ids = asyncio.run(node_ids(addresses, token=args.token))
-        missing = [a for a in addresses if a not in ids]
-        if missing:
-            print(f"swerl images: no node id from {', '.join(missing)}", file=sys.stderr)
+        if not args.pool or args.node:
+            # Home sets are the pool's: only its node list and health say where it would pull.
+            print(
+                "swerl images: --replicas takes the nodes from --pool (and no --node)",
+                file=sys.stderr,
+            )
             return 2
-        plan = home_plan(images, ids, args.replicas)
+        nodes = asyncio.run(pool_nodes(args.pool, args.token))
+        plan = home_plan(images, nodes, args.replicas)
+        if not plan:
+            print("swerl images: the pool has no healthy node to home images on", file=sys.stderr)
+            return 1
+        skipped = len(nodes) - len(plan)
         print(
             f"ensuring {len(images)} images on their {args.replicas} home nodes of"
-            f" {len(addresses)}",
+            f" {len(plan)} healthy" + (f" ({skipped} not healthy, skipped)" if skipped else ""),
             flush=True,
         )
     else:
@@ -225,7 +232,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="pull each image only onto its K home nodes, as the pool places it (rendezvous"
-        " hashing over the given nodes; use the pool's --image-replicas); 0: every node",
+        " hashing over the nodes --pool reports healthy; use the pool's --image-replicas);"
+        " 0: every node",
     )
     pull.set_defaults(handler=_pull)
 

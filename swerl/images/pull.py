@@ -1,12 +1,12 @@
-"""Pre-pulls a dataset's images onto every exec node through the nodes' EnsureImages stream.
+"""Pre-pulls a dataset's images onto exec nodes through the nodes' EnsureImages stream.
 
 The pool pulls a missing image on demand (onto one of the image's home nodes), so pre-pulling is
 optional: it takes the first pulls out of the first batch's way. `--replicas k` pulls each image
-only onto its k home nodes, chosen by the pool's own rendezvous hashing (swerl.pool.placement.
-homes over the nodes' ids), so pre-pull and placement agree and each node holds about k/N of the
-dataset; without it every node gets every image (a pool run with --no-pull needs that, and it
-only fits a dataset smaller than a node's disk). Each node gets its list in batches over
-`EnsureImages`, pulls with its own concurrency (optionally from a
+only onto its k home nodes, chosen as the pool chooses them (swerl.pool.placement: rendezvous
+hashing over the nodes the pool's ListNodes reports HEALTHY), so pre-pull and placement agree
+and each node holds about k/N of the dataset; without it every node gets every image (a pool run
+with --no-pull needs that, and it only fits a dataset smaller than a node's disk). Each node gets
+its list in batches over `EnsureImages`, pulls with its own concurrency (optionally from a
 registry mirror, re-tagged to the canonical name), and streams one result per image. Failures
 that a later attempt can cure (registry unreachable, a pull cut short) and a node that drops the
 stream are retried with swerl's one retry policy; images that stay missing end up in the report
@@ -30,6 +30,7 @@ from swerl.chassis.client import error_info, make_channel
 from swerl.chassis.retry import async_retrying
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
+from swerl.pool.model import NodeState
 
 # Per-image failure reasons (ImagePullResult.reason) worth another attempt.
 TRANSIENT_REASONS = frozenset({"REGISTRY_UNREACHABLE", "PULL_FAILED"})
@@ -336,56 +337,58 @@ async def coverage(
     return list(await asyncio.gather(*(one(address) for address in addresses)))
 
 
+@dataclass(frozen=True)
+class PoolNode:
+    """A node as the pool lists it (ListNodes): its id, address and state in the pool's view."""
+
+    node_id: str
+    address: str
+    state: NodeState
+
+
+async def pool_nodes(pool: str, token: str | None) -> list[PoolNode]:
+    """Every node the pool knows, with the state the pool gives it (ListNodes)."""
+    from swerl.pool.client import PoolClient
+    from swerl.pool.servicer import NODE_STATE_FROM_PB
+
+    client = PoolClient(pool, token=token)
+    try:
+        async for attempt in async_retrying(max_attempts=3):
+            with attempt:
+                listed = await client.list_nodes()
+    finally:
+        await client.close()
+    # A state this client does not know (a newer pool) is not HEALTHY: no image is homed there.
+    return [
+        PoolNode(node.node_id, node.address, NODE_STATE_FROM_PB.get(node.state, NodeState.PENDING))
+        for node in listed
+    ]
+
+
 async def node_addresses(nodes: Sequence[str], pool: str | None, token: str | None) -> list[str]:
     """The explicit node addresses, plus every node the pool knows that is not drained."""
     addresses = dict.fromkeys(nodes)
     if pool:
-        from swerl.pool.client import PoolClient
-        from swerl.pool.v1 import pool_pb2
-
-        client = PoolClient(pool, token=token)
-        try:
-            async for attempt in async_retrying(max_attempts=3):
-                with attempt:
-                    listed = await client.list_nodes()
-        finally:
-            await client.close()
-        for node in listed:
-            if node.state != pool_pb2.NODE_STATE_DRAINED:
+        for node in await pool_nodes(pool, token):
+            if node.state is not NodeState.DRAINED:
                 addresses[node.address] = None
     return list(addresses)
 
 
-async def node_ids(addresses: Iterable[str], *, token: str | None = None) -> dict[str, str]:
-    """address -> the node_id the node reports (GetNodeInfo); unreachable nodes are left out."""
-
-    async def one(address: str) -> tuple[str, str]:
-        channel = make_channel(address, token=token)
-        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
-        try:
-            async for attempt in async_retrying(max_attempts=3):
-                with attempt:
-                    info = await stub.GetNodeInfo(pb.GetNodeInfoRequest(), timeout=30)
-            return address, info.node_id
-        except grpc.RpcError:
-            return address, ""
-        finally:
-            await channel.close()
-
-    pairs = await asyncio.gather(*(one(address) for address in addresses))
-    return {address: node_id for address, node_id in pairs if node_id}
-
-
 def home_plan(
-    images: Sequence[str], ids_by_address: Mapping[str, str], replicas: int
+    images: Sequence[str], nodes: Sequence[PoolNode], replicas: int
 ) -> dict[str, list[str]]:
-    """address -> the images whose home set (the pool's rendezvous hashing, `replicas` homes
-    over these nodes) includes that node."""
-    from swerl.pool.placement import homes
+    """address -> the images whose home set includes that node, for every node images are homed
+    on. The nodes hashed over and the hashing are the pool's own (swerl.pool.placement's
+    `home_candidates` over the pool's node states, then `homes`), so an image is pre-pulled
+    exactly where the pool's placement would pull it: nodes the pool does not count as healthy
+    (unhealthy, draining, not yet synced) get nothing, as in the pool."""
+    from swerl.pool.placement import home_candidates, homes_by_image
 
-    address_of = {node_id: address for address, node_id in ids_by_address.items()}
-    plan: dict[str, list[str]] = {address: [] for address in ids_by_address}
-    for image in images:
-        for node_id in homes(image, list(address_of), replicas):
+    candidates = home_candidates((node.node_id, node.state) for node in nodes)
+    address_of = {node.node_id: node.address for node in nodes}
+    plan: dict[str, list[str]] = {address_of[node_id]: [] for node_id in candidates}
+    for image, home_ids in homes_by_image(images, candidates, replicas).items():
+        for node_id in home_ids:
             plan[address_of[node_id]].append(image)
     return plan

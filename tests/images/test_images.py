@@ -203,6 +203,10 @@ async def test_cli_pull_and_status_exit_codes_and_report(node, base_image, tmp_p
 
     assert await asyncio.to_thread(main, ["images", "pull", "--node", node]) == 2
     assert await asyncio.to_thread(main, ["images", "pull", "--image", base_image]) == 2
+    # Home sets are the pool's: --replicas over hand-named nodes is refused.
+    replicas = ["images", "pull", "--image", base_image, "--node", node, "--replicas", "1"]
+    assert await asyncio.to_thread(main, replicas) == 2
+    assert "--replicas takes the nodes from --pool" in capsys.readouterr().err
 
 
 async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
@@ -216,17 +220,111 @@ async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
     assert "every image is present on every node" in out
 
 
-def test_home_plan_puts_each_image_on_exactly_the_pools_home_nodes():
-    from swerl.images.pull import home_plan
-    from swerl.pool.placement import homes
+def test_pre_pull_homes_are_the_pools_homes_when_some_nodes_are_not_healthy(tmp_path):
+    from swerl.images.pull import PoolNode, home_plan
+    from swerl.pool import placement
+    from swerl.pool.model import Node, NodeState
+    from swerl.pool.pulls import Pulls
+    from swerl.pool.settings import PoolSettings
+    from swerl.pool.simulated import SimulatedNode
+    from swerl.pool.state import PoolState
 
-    ids = {f"10.0.0.{i}:5000": f"node-{i}" for i in range(6)}
-    images = [f"xingyaoww/sweb.eval.x86_64.task_s_{i}:latest" for i in range(50)]
-    plan = home_plan(images, ids, 2)
+    state = PoolState(
+        PoolSettings(insecure=True, port=0, state_dir=tmp_path / "pool", image_replicas=2)
+    )
+    kinds = [NodeState.HEALTHY] * 5 + [
+        NodeState.UNHEALTHY,
+        NodeState.DRAINING,
+        NodeState.PENDING,
+        NodeState.DRAINED,
+    ]
+    for i, kind in enumerate(kinds):
+        node_id = f"node-{i}"
+        state.nodes[node_id] = Node(
+            node_id=node_id,
+            address=f"10.0.0.{i}:50051",
+            conn=SimulatedNode(node_id),
+            asked_capacity=4,
+            labels={},
+            register_time=0.0,
+            state=kind,
+        )
+    pulls = Pulls(state, refresh=lambda node: None)
+    images = [f"xingyaoww/sweb.eval.x86_64.task_s_{i}:latest" for i in range(200)]
+    listed = [PoolNode(n.node_id, n.address, n.state) for n in state.nodes.values()]
+
+    plan = home_plan(images, listed, 2)
+
+    healthy = {n.address for n in state.nodes.values() if n.state is NodeState.HEALTHY}
+    assert set(plan) == healthy  # nothing is pre-pulled where the pool would not pull
+    id_of = {n.address: n.node_id for n in state.nodes.values()}
     for image in images:
-        holders = sorted(ids[address] for address, listed in plan.items() if image in listed)
-        assert holders == sorted(homes(image, list(ids.values()), 2))
+        holders = {id_of[address] for address, listed in plan.items() if image in listed}
+        assert holders == set(pulls.homes_of(image)), image
     assert sum(len(listed) for listed in plan.values()) == 2 * len(images)
+    # Hashing over every node the pool lists (what pre-pull once did) homes a good share of the
+    # images on nodes that take no sandbox: the case this guards.
+    every = [n.node_id for n in state.nodes.values()]
+    not_healthy = {n.node_id for n in state.nodes.values() if n.state is not NodeState.HEALTHY}
+    assert sum(bool(set(placement.homes(i, every, 2)) & not_healthy) for i in images) > 50
+
+
+async def test_cli_pre_pulls_where_the_pool_places_with_a_draining_and_an_unhealthy_node(
+    base_image, tmp_path, capsys
+):
+    from swerl.pool import placement
+    from swerl.pool.client import PoolClient
+    from swerl.pool.server import local_stack
+    from swerl.pool.v1 import pool_pb2
+
+    async with local_stack(
+        nodes=3,
+        max_sandboxes=2,
+        purpose="images-health",
+        pool_settings={"image_replicas": 2},
+    ) as stack:
+        pool = PoolClient(stack.pool_address, token=stack.token)
+        try:
+            nodes = {n.node_id: n for n in await pool.list_nodes()}
+            # The base image's ranking over all three nodes: hashed over every node, its two homes
+            # are `first` and `second`. One goes draining, the other unhealthy, so the pool's
+            # homes are `third` alone.
+            first, second, third = placement.homes(base_image, list(nodes), 3)
+            # One lease on each node (least loaded first); the one on `first` keeps it draining.
+            leases = [await pool.acquire(base_image, wait_s=60) for _ in range(3)]
+            assert {lease.node_id for lease in leases} == set(nodes)
+            kept = next(lease for lease in leases if lease.node_id == first)
+            for lease in leases:
+                if lease is not kept:
+                    await pool.release(lease.lease_id)
+            await pool.drain_node(first)
+            by_id = {n.settings.node_id: n for n in stack.nodes}
+            await by_id[second].stop(0)
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                states = {n.node_id: n.state for n in await pool.list_nodes()}
+                if states[second] == pool_pb2.NODE_STATE_UNHEALTHY:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, states
+                await asyncio.sleep(0.2)
+            assert states[first] == pool_pb2.NODE_STATE_DRAINING
+            assert states[third] == pool_pb2.NODE_STATE_HEALTHY
+
+            report = tmp_path / "pull.json"
+            auth = ["--pool", stack.pool_address, "--token", stack.token]
+            pull = ["images", "pull", "--image", base_image, "--replicas", "2", *auth]
+            assert await asyncio.to_thread(main, [*pull, "--report", str(report)]) == 0
+            out = capsys.readouterr().out
+            assert "on their 2 home nodes of 1 healthy (2 not healthy, skipped)" in out
+            pulled_on = [node["address"] for node in json.loads(report.read_text())["nodes"]]
+            assert pulled_on == [nodes[third].address]
+            # The pool's placement homes (what PrefetchImages reports and a pull would use).
+            (prefetch,) = await pool.prefetch_images([base_image])
+            assert list(prefetch.home_node_ids) == [third]
+            assert stack.pool.pool._pulls.homes_of(base_image) == [third]
+            await pool.release(kept.lease_id)
+        finally:
+            await pool.close()
 
 
 async def test_cli_pulls_onto_home_nodes_prefetches_and_shows_the_pools_cache(base_image, capsys):
@@ -236,7 +334,7 @@ async def test_cli_pulls_onto_home_nodes_prefetches_and_shows_the_pools_cache(ba
         auth = ["--pool", stack.pool_address, "--token", stack.token]
         pull = ["images", "pull", "--image", base_image, "--replicas", "1", *auth]
         assert await asyncio.to_thread(main, pull) == 0
-        assert "ensuring 1 images on their 1 home nodes of 2" in capsys.readouterr().out
+        assert "ensuring 1 images on their 1 home nodes of 2 healthy\n" in capsys.readouterr().out
         prefetch = ["images", "prefetch", "--image", base_image, *auth]
         assert await asyncio.to_thread(main, prefetch) == 0
         assert "prefetch of 1 images: present 1" in capsys.readouterr().out

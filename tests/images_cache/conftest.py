@@ -6,6 +6,8 @@
   of every test; the nodes under test drive it (`docker_host`), so their evictions can never
   reach the shared dockerd's images.
 - `cache_node`: starts in-process exec nodes on port 0 against the second dockerd.
+- `pool_stack`: a pool and one exec node in process (swerl.pool.server.local_stack), the node on
+  the second dockerd, so its pulls are the second dockerd's and countable from its events.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from swerl.exec.client import SandboxClient
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
 from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.pool.server import LocalStack, local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 
 # exec_testkit (status assertions shared with the exec node's tests) lives in tests/exec, which
@@ -171,4 +174,21 @@ async def cache_node(tmp_path, second_dockerd, base_image) -> AsyncIterator:
     finally:
         for running in started:
             await running.close()
+        await asyncio.to_thread(_reset_images, second_dockerd, base_image)
+
+
+@pytest.fixture
+async def pool_stack(second_dockerd, base_image) -> AsyncIterator[LocalStack]:
+    """A pool with one exec node (8 sandboxes) driving the second dockerd; on exit the stack has
+    destroyed its sandboxes and the second dockerd holds the base image only."""
+    try:
+        async with local_stack(
+            nodes=1,
+            max_sandboxes=8,
+            purpose="cachepool",
+            token=TOKEN,
+            node_settings={"docker_host": second_dockerd.host, "default_memory_bytes": 256 << 20},
+        ) as stack:
+            yield stack
+    finally:
         await asyncio.to_thread(_reset_images, second_dockerd, base_image)

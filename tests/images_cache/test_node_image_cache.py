@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 
 import grpc
 import pytest
@@ -12,8 +13,10 @@ from dockerd_kit import pull_events, start_registry
 from exec_testkit import assert_status, rpc_error
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.exec import images as images_module
 from swerl.exec.settings import ExecSettings
 from swerl.exec.v1 import sandbox_pb2 as pb
 
@@ -258,3 +261,142 @@ def test_budget_and_pins_are_flags_and_environment_variables(monkeypatch, tmp_pa
     assert ExecSettings().image_disk_budget == 2000
     with pytest.raises(ValueError):
         ExecSettings(image_disk_budget=-1)
+
+
+def _scrape(port: int, name: str) -> float:
+    """One sample's value as the node's Prometheus endpoint serves it (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return float(sample.value)
+    return 0.0
+
+
+async def test_a_real_pull_adds_its_unpacked_size_to_the_pulled_bytes_counter(
+    cache_node, registry_images, second_dockerd
+):
+    node = await cache_node(metrics_port=0)
+    port = node.node.server.metrics_port
+    assert port
+    image = _ordered(registry_images)[0]
+    name = "swerl_exec_image_pulled_bytes_total"
+    before = await asyncio.to_thread(_scrape, port, name)
+
+    result = (await node.ensure(image))[image]
+
+    assert result.status == pb.IMAGE_PULL_STATUS_PULLED
+    size = await asyncio.to_thread(_docker_size, second_dockerd, image)
+    assert result.size_bytes == size > 0
+    assert await asyncio.to_thread(_scrape, port, name) - before == size
+    # A hit pulls nothing and adds nothing.
+    assert (await node.ensure(image))[image].status == pb.IMAGE_PULL_STATUS_PRESENT
+    assert await asyncio.to_thread(_scrape, port, name) - before == size
+
+
+def _docker_size(dockerd, image: str) -> int:
+    client = dockerd.client()
+    try:
+        return int(client.images.get(image).attrs["Size"])
+    finally:
+        client.close()
+
+
+def _image_ids(dockerd) -> set[str]:
+    """Every image id on the dockerd, intermediate and dangling ones included."""
+    client = dockerd.client()
+    try:
+        return {image.id for image in client.images.list(all=True)}
+    finally:
+        client.close()
+
+
+async def _until(check, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_image_whose_pull_is_under_way_is_never_evicted_to_make_room(
+    cache_node, registry_images, image_sizes, monkeypatch
+):
+    """The window guarded: an image already downloaded whose pull has not answered yet (it waits
+    to check the budget again) while another pull's room-making must evict all it can. The
+    older cached image goes; the one being pulled stays and is answered PULLED.
+
+    Real pulls from the registry into the second dockerd; the test only orders the steps: it
+    holds the pull back until the competing request is queued for the budget, and holds the
+    budget (as a long room-making would) until the image is downloaded."""
+    budget = _budget_for(2, image_sizes)
+    t0, pulled, other = _ordered(registry_images)[:3]
+    node = await cache_node(image_disk_budget=budget)
+    cache = node.node.manager.images
+    real_size = images_module.registry_size
+    asked: list[str] = []
+
+    def registry_size(reference: str) -> int | None:
+        # `other`'s registry reports a size that fits the budget alone, but only once
+        # everything else cached is gone: its room-making must try every eviction it may do.
+        asked.append(reference)
+        return budget - 1 if reference == other else real_size(reference)
+
+    monkeypatch.setattr(images_module, "registry_size", registry_size)
+    assert (await node.ensure(t0))[t0].status == pb.IMAGE_PULL_STATUS_PULLED  # LRU-oldest
+    t0_id = (await node.images())[t0].image_id
+    released = asyncio.Event()
+    real_pull = cache._pull_with_retries
+
+    async def held_back_pull(image: str, source: str) -> None:
+        await released.wait()
+        await real_pull(image, source)
+
+    monkeypatch.setattr(cache, "_pull_with_retries", held_back_pull)
+    pulling = asyncio.ensure_future(node.ensure(pulled))
+    await _until(lambda: pulled in cache._reserved, "the pull to reserve its room")
+    async with cache._budget_lock:
+        competing = asyncio.ensure_future(node.ensure(other))
+        await _until(lambda: other in asked, "the other request to ask for its size")
+        await asyncio.sleep(0.3)  # now queued for the budget
+        released.set()
+        await _until(
+            lambda: set(cache.store.image_uses()) - {t0_id}, "the pull to download its image"
+        )
+        assert not pulling.done() and not competing.done()
+    # `other` decides first: t0 is evicted, `pulled` may not be, so `other` finds no room.
+    refused = (await competing)[other]
+    assert (refused.status, refused.reason) == (pb.IMAGE_PULL_STATUS_FAILED, "IMAGE_CACHE_FULL")
+    assert list(refused.evicted_images) == [t0]
+    answered = (await pulling)[pulled]
+    assert answered.status == pb.IMAGE_PULL_STATUS_PULLED, (answered.reason, answered.message)
+    images = await node.images()
+    assert pulled in images and t0 not in images and other not in images
+    assert (await node.info()).image_used_bytes <= budget
+
+
+async def test_an_image_that_outgrows_the_budget_once_unpacked_is_too_large_and_removed(
+    cache_node, registry_images, image_sizes, second_dockerd
+):
+    instance = sorted(registry_images)[0]
+    image = registry_images[instance]
+    compressed = await asyncio.to_thread(images_module.registry_size, image)
+    unpacked = image_sizes[instance]
+    assert compressed is not None and compressed < unpacked
+    # The registry's compressed size lets the pull start; the unpacked size does not fit.
+    budget = (compressed + unpacked) // 2
+    node = await cache_node(image_disk_budget=budget)
+    before = await asyncio.to_thread(_image_ids, second_dockerd)
+    since = time.time()
+
+    result = (await node.ensure(image))[image]
+
+    assert (result.status, result.reason) == (pb.IMAGE_PULL_STATUS_FAILED, "IMAGE_TOO_LARGE")
+    assert "unpacked" in result.message and result.size_bytes == unpacked
+    events = await asyncio.to_thread(pull_events, second_dockerd.host, since, time.time())
+    assert _pulls_of(events, image) == 1  # pulled for real, then removed again
+    # Nothing is left: no image, no dangling layer image, nothing counted against the budget.
+    assert await asyncio.to_thread(_image_ids, second_dockerd) == before
+    assert image not in await node.images()
+    info = await node.info()
+    assert (info.image_used_bytes, info.images_cached) == (0, 0)

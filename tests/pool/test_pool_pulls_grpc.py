@@ -1,5 +1,6 @@
 """On-demand pulls over real gRPC: a pool and an exec node in process over the shared dockerd,
-pulling from a real loopback registry (Debian's docker-registry) that tests stop and start."""
+pulling from a real loopback registry (Debian's docker-registry, from tests/dockerd_kit.py) that
+tests stop and start."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from registry_fixture import LoopbackRegistry
+from dockerd_kit import push_images, remove_names, start_registry
 
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
@@ -22,25 +23,28 @@ TASK_IMAGE = "swerl-examples/swerl-examples__romans-5:latest"
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory, base_image):
-    registry = LoopbackRegistry(tmp_path_factory.mktemp("registry"))
-    registry.start()
+    running = start_registry(tmp_path_factory.mktemp("registry"))
     try:
-        yield registry
+        yield running
     finally:
-        registry.stop()
-        registry.remove_local()
+        running.stop()
 
 
 @pytest.fixture(scope="module")
-def pushed(registry) -> str:
-    return registry.push(TASK_IMAGE, "swerl-pulltest/romans:1")
+def pushed(registry):
+    """TASK_IMAGE's name in the registry; afterwards no dockerd name of it is left behind."""
+    name = push_images([TASK_IMAGE], registry.address)[TASK_IMAGE]
+    try:
+        yield name
+    finally:
+        remove_names([name])
 
 
 @pytest.fixture
-def pushed_only(registry, pushed) -> str:
-    """The pushed image, present in the registry and in no dockerd (a test before may have
-    pulled it)."""
-    registry.remove_local()
+def pushed_only(pushed) -> str:
+    """The pushed image, present in the registry and under this name in no dockerd (a test
+    before may have pulled it)."""
+    remove_names([pushed])
     return pushed
 
 
