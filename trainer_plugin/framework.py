@@ -38,6 +38,9 @@ FRAMEWORKS = ("slime", "miles")
 GENERATE_STATE_MODULE = "rollout.sglang_rollout"
 FILTER_TYPES_MODULE = "rollout.filter_hub.base_types"
 ROLLOUT_TYPES_MODULE = "rollout.base_types"
+# The framework's default `--data-source-path` class (the same name in slime and miles).
+DATA_SOURCE_MODULE = "rollout.data_source"
+DEFAULT_DATA_SOURCE = "RolloutDataSourceWithBuffer"
 # Where each framework keeps its metrics logger and the rollout-step rule of its logs.
 _TRACKING = {
     "slime": ("observability.logging_utils", "observability.metric_utils"),
@@ -190,6 +193,22 @@ def generate_fn_output(framework: str, samples: Any) -> Any:
     if cls is None:
         return FallbackGenerateFnOutput(samples=samples)
     return cls(samples=samples)
+
+
+# -- the data source -------------------------------------------------------------------------
+
+
+def default_data_source_class(framework: str) -> type:
+    """The framework's default data source (`<pkg>.rollout.data_source.RolloutDataSourceWithBuffer`,
+    what `--data-source-path` names when not set). Raises FrameworkError without a framework."""
+    loaded = module(framework, DATA_SOURCE_MODULE)
+    cls = getattr(loaded, DEFAULT_DATA_SOURCE, None) if loaded is not None else None
+    if not isinstance(cls, type):
+        raise FrameworkError(
+            f"no {framework or 'slime/miles'}.{DATA_SOURCE_MODULE}.{DEFAULT_DATA_SOURCE} to wrap "
+            "(is the framework importable in the RolloutManager?)"
+        )
+    return cls
 
 
 # -- metrics -------------------------------------------------------------------------------------

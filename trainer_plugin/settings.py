@@ -122,6 +122,19 @@ class PluginSettings(BaseSettings):
     prefetch_delay_s: float = Field(
         0.2, gt=0, description="How long images are collected before one PrefetchImages call."
     )
+    prefetch_next_batches: int = Field(
+        1,
+        ge=0,
+        description="With the data source swerl.trainer_plugin.data_source.PrefetchingDataSource "
+        "(--data-source-path): how many batches beyond the one fetched have their images "
+        "prefetched when a batch is fetched (each at least a rollout batch of prompts); 0 = the "
+        "fetched batch only.",
+    )
+    data_source_base: str = Field(
+        "",
+        description="The data source class PrefetchingDataSource extends (dotted path); empty = "
+        "the framework's default, <framework>.rollout.data_source.RolloutDataSourceWithBuffer.",
+    )
     max_receive_message_bytes: int = Field(
         256 << 20, gt=0, description="Largest RunEpisode message accepted (whole trajectories)."
     )

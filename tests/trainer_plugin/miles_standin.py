@@ -35,6 +35,7 @@ from enum import Enum
 from typing import Any
 
 import standin_common
+import standin_data_source
 from standin_common import LOGGED, declares_evaluation, load_function
 
 NAME = "miles"
@@ -217,6 +218,7 @@ def install(monkeypatch: Any) -> None:
     filters.call_dynamic_filter = call_dynamic_filter
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
+    standin_data_source.install(monkeypatch, sys.modules, NAME, Sample)
     monkeypatch.setattr(SingletonMeta, "_instances", {})
     _rollout_state.clear()
     LOGGED.clear()
