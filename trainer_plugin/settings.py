@@ -106,7 +106,9 @@ class PluginSettings(BaseSettings):
         "", description="Policy URL as the agent sees it; empty = slime's router ip:port."
     )
     policy_model: str = Field("", description="Model name recorded in the artifacts.")
-    owner_prefix: str = Field("slime", description="Prefix of the lease owner string.")
+    owner_prefix: str = Field(
+        "", description="Prefix of the lease owner string; empty = the framework's name."
+    )
     decode_response_text: bool = Field(
         True,
         description="Fill Sample.response with the decoded response tokens (for slime's logs) "

@@ -196,7 +196,7 @@ async def test_eval_leaves_infra_failures_out_of_the_mean_and_counts_them(fw, sa
     (counts,) = [m for _, m in standin_common.LOGGED if "eval/swe-verified-infra_errors" in m]
     assert counts["eval/swe-verified-infra_errors"] == 1.0
     assert counts["eval/swe-verified-cancelled"] == 0.0 and counts["eval/step"] == 5
-    assert owners == [f"slime/eval/eval/sample-{i}" for i in range(4)]
+    assert owners == [f"{fw.NAME}/eval/eval/sample-{i}" for i in range(4)]
 
 
 async def test_eval_owners_name_the_dataset_and_the_sample_index(fw, sampling_params):
@@ -208,7 +208,11 @@ async def test_eval_owners_name_the_dataset_and_the_sample_index(fw, sampling_pa
         sample.metadata["source_name"] = "swe-verified"  # an eval dataset's metadata_overrides
         await fw.generate(args, sample, sampling_params, evaluation=True)
         owners = [start.options.owner for start in server.agent.starts]
-    assert owners == ["slime/eval/swe-gym-val/sample-7", "slime/eval/swe-verified/sample-2"]
+    # The prefix names the framework in use.
+    assert owners == [
+        f"{fw.NAME}/eval/swe-gym-val/sample-7",
+        f"{fw.NAME}/eval/swe-verified/sample-2",
+    ]
 
 
 def test_an_eval_dataset_left_without_graded_episodes_reports_its_counts_only(fw):
