@@ -19,12 +19,14 @@ each time a batch is fetched:
   without `--rollout-shuffle` it wraps around to the first rows.
 
 `PrefetchingDataSource(args)` returns an instance of a subclass of the framework's default data
-source (or of `data_source_base`), so everything else — the buffer of partial rollouts, save /
-load, `len()`, `.dataset` — is the framework's own. The images are those `generate` uses (the
-same rule, instance.py). Prefetch is advice: it goes through the same per-process prefetcher as
-the generate hook (one `PrefetchImages` per `prefetch_delay_s` window; an image is sent once per
-few minutes), and nothing that goes wrong with it fails a fetch (logged once). Off, and a plain
-framework data source, unless `pool_address` is set.
+source (miles under multi-LoRA: its `MultiLoRAAsyncDataSource`, the class miles itself swaps in
+when `--data-source-path` is left alone; or `data_source_base`), so everything else — the
+buffer of partial rollouts, save / load, `len()`, `.dataset` — is the framework's own. The
+images are those `generate` uses (the same rule, instance.py). Prefetch is advice: it goes
+through the same per-process prefetcher as the generate hook (one `PrefetchImages` per
+`prefetch_delay_s` window; an image is sent once per few minutes), and nothing that goes wrong
+with it fails a fetch (logged once). Off, and a plain framework data source, unless
+`pool_address` is set.
 """
 
 from __future__ import annotations
@@ -50,19 +52,20 @@ class PrefetchingDataSource:
     `data_source_base` names) with image prefetch on every `get_samples`."""
 
     def __new__(cls, args: Any) -> Any:
-        base = base_class(plugin_settings(args))
+        base = base_class(plugin_settings(args), args)
         return prefetching_class(base)(args)
 
 
-def base_class(settings: PluginSettings) -> type:
-    """The data source class to extend: `data_source_base`, else the framework's default."""
+def base_class(settings: PluginSettings, args: Any = None) -> type:
+    """The data source class to extend: `data_source_base`, else the one the framework uses by
+    default for these `args` (miles under multi-LoRA: its MultiLoRAAsyncDataSource)."""
     if settings.data_source_base:
         module_name, _, name = settings.data_source_base.rpartition(".")
         found = getattr(importlib.import_module(module_name), name)
         if not isinstance(found, type):
             raise TypeError(f"data_source_base {settings.data_source_base!r} is not a class")
         return found
-    return framework.default_data_source_class(framework.find(settings.framework))
+    return framework.default_data_source_class(framework.find(settings.framework), args)
 
 
 _classes: dict[type, type] = {}

@@ -41,6 +41,9 @@ ROLLOUT_TYPES_MODULE = "rollout.base_types"
 # The framework's default `--data-source-path` class (the same name in slime and miles).
 DATA_SOURCE_MODULE = "rollout.data_source"
 DEFAULT_DATA_SOURCE = "RolloutDataSourceWithBuffer"
+# miles swaps its default for this one under multi-LoRA (`--multi-lora-n-adapters > 0`, which
+# sets `args.multi_lora`) when `--data-source-path` is left at the default.
+MILES_MULTI_LORA_DATA_SOURCE = ("rollout.multi_lora.data_source", "MultiLoRAAsyncDataSource")
 # Where each framework keeps its metrics logger and the rollout-step rule of its logs.
 _TRACKING = {
     "slime": ("observability.logging_utils", "observability.metric_utils"),
@@ -198,14 +201,18 @@ def generate_fn_output(framework: str, samples: Any) -> Any:
 # -- the data source -------------------------------------------------------------------------
 
 
-def default_data_source_class(framework: str) -> type:
-    """The framework's default data source (`<pkg>.rollout.data_source.RolloutDataSourceWithBuffer`,
-    what `--data-source-path` names when not set). Raises FrameworkError without a framework."""
-    loaded = module(framework, DATA_SOURCE_MODULE)
-    cls = getattr(loaded, DEFAULT_DATA_SOURCE, None) if loaded is not None else None
+def default_data_source_class(framework: str, args: Any = None) -> type:
+    """The data source the framework uses when `--data-source-path` is not set:
+    `<pkg>.rollout.data_source.RolloutDataSourceWithBuffer`, or under miles' multi-LoRA its
+    `MultiLoRAAsyncDataSource`. Raises FrameworkError without a framework."""
+    path, name = DATA_SOURCE_MODULE, DEFAULT_DATA_SOURCE
+    if framework == "miles" and getattr(args, "multi_lora", False):
+        path, name = MILES_MULTI_LORA_DATA_SOURCE
+    loaded = module(framework, path)
+    cls = getattr(loaded, name, None) if loaded is not None else None
     if not isinstance(cls, type):
         raise FrameworkError(
-            f"no {framework or 'slime/miles'}.{DATA_SOURCE_MODULE}.{DEFAULT_DATA_SOURCE} to wrap "
+            f"no {framework or 'slime/miles'}.{path}.{name} to wrap "
             "(is the framework importable in the RolloutManager?)"
         )
     return cls

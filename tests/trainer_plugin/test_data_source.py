@@ -238,3 +238,34 @@ def test_data_source_base_names_the_class_to_extend(fw, tmp_path):
 
 def fw_module(fw: Any) -> Any:
     return sys.modules[f"{fw.NAME}.rollout.data_source"]
+
+
+def test_under_miles_multi_lora_it_extends_the_data_source_miles_would_swap_in(
+    fw, tmp_path, monkeypatch
+):
+    # miles replaces its default by MultiLoRAAsyncDataSource when --multi-lora-n-adapters > 0
+    # (args.multi_lora) and --data-source-path is the default (miles/utils/multi_lora.py at
+    # 31f1ca96); with the flag pointing here, the plugin does that swap. slime has no such mode.
+    import types
+
+    class MultiLoRAAsyncDataSource:  # a marker; the real one keeps one source per adapter
+        def __init__(self, args: Any) -> None:
+            self.args = args
+
+        def get_samples(self, num_samples: int = 1) -> list[list[Any]]:
+            return []
+
+    name = f"{fw.NAME}.rollout.multi_lora.data_source"
+    for package in (f"{fw.NAME}.rollout.multi_lora", name):
+        module = types.ModuleType(package)
+        module.__path__ = []
+        module.MultiLoRAAsyncDataSource = MultiLoRAAsyncDataSource
+        monkeypatch.setitem(sys.modules, package, module)
+    args = data_args(tmp_path, "127.0.0.1:1")
+    args.multi_lora = True
+    source = load_function(DATA_SOURCE)(args)
+    if fw.NAME == "miles":
+        assert isinstance(source, MultiLoRAAsyncDataSource)
+        assert source.get_samples(1) == []
+    else:
+        assert isinstance(source, fw_module(fw).RolloutDataSourceWithBuffer)
