@@ -8,6 +8,8 @@ the framework loads by dotted path.
     --custom-eval-rollout-log-function-path  swerl.trainer_plugin.log_eval_rollout_data
     --dynamic-sampling-filter-path        swerl.trainer_plugin.filter_infra_failures
     --custom-reward-post-process-path     swerl.trainer_plugin.post_process_rewards
+    --data-source-path                    swerl.trainer_plugin.data_source.PrefetchingDataSource
+                                          (image prefetch of the fetched and the next batch)
 
 The plugin installs light: grpcio and the generated agent stubs. Nothing from the framework (or
 Docker, or transformers) is imported at module import time; framework.py is the one place that

@@ -38,6 +38,12 @@ FRAMEWORKS = ("slime", "miles")
 GENERATE_STATE_MODULE = "rollout.sglang_rollout"
 FILTER_TYPES_MODULE = "rollout.filter_hub.base_types"
 ROLLOUT_TYPES_MODULE = "rollout.base_types"
+# The framework's default `--data-source-path` class (the same name in slime and miles).
+DATA_SOURCE_MODULE = "rollout.data_source"
+DEFAULT_DATA_SOURCE = "RolloutDataSourceWithBuffer"
+# miles swaps its default for this one under multi-LoRA (`--multi-lora-n-adapters > 0`, which
+# sets `args.multi_lora`) when `--data-source-path` is left at the default.
+MILES_MULTI_LORA_DATA_SOURCE = ("rollout.multi_lora.data_source", "MultiLoRAAsyncDataSource")
 # Where each framework keeps its metrics logger and the rollout-step rule of its logs.
 _TRACKING = {
     "slime": ("observability.logging_utils", "observability.metric_utils"),
@@ -190,6 +196,26 @@ def generate_fn_output(framework: str, samples: Any) -> Any:
     if cls is None:
         return FallbackGenerateFnOutput(samples=samples)
     return cls(samples=samples)
+
+
+# -- the data source -------------------------------------------------------------------------
+
+
+def default_data_source_class(framework: str, args: Any = None) -> type:
+    """The data source the framework uses when `--data-source-path` is not set:
+    `<pkg>.rollout.data_source.RolloutDataSourceWithBuffer`, or under miles' multi-LoRA its
+    `MultiLoRAAsyncDataSource`. Raises FrameworkError without a framework."""
+    path, name = DATA_SOURCE_MODULE, DEFAULT_DATA_SOURCE
+    if framework == "miles" and getattr(args, "multi_lora", False):
+        path, name = MILES_MULTI_LORA_DATA_SOURCE
+    loaded = module(framework, path)
+    cls = getattr(loaded, name, None) if loaded is not None else None
+    if not isinstance(cls, type):
+        raise FrameworkError(
+            f"no {framework or 'slime/miles'}.{path}.{name} to wrap "
+            "(is the framework importable in the RolloutManager?)"
+        )
+    return cls
 
 
 # -- metrics -------------------------------------------------------------------------------------

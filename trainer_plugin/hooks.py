@@ -587,11 +587,13 @@ def build_start(
 
 def lease_owner(args: Any, sample: Any, settings: PluginSettings, *, evaluation: bool) -> str:
     """Who holds the episode's sandbox lease, as operators read it in the pool:
-    `<prefix>/train/group-<prompt group>` or `<prefix>/eval/<dataset>/sample-<index>`."""
+    `<prefix>/train/group-<prompt group>` or `<prefix>/eval/<dataset>/sample-<index>`; the
+    prefix names the framework in use (slime, miles) unless `owner_prefix` is set."""
+    prefix = settings.owner_prefix or framework.find(settings.framework) or "trainer"
     if not evaluation:
-        return f"{settings.owner_prefix}/train/group-{getattr(sample, 'group_index', None)}"
+        return f"{prefix}/train/group-{getattr(sample, 'group_index', None)}"
     index = getattr(sample, "index", None)
-    return f"{settings.owner_prefix}/eval/{eval_dataset_name(args, sample)}/sample-{index}"
+    return f"{prefix}/eval/{eval_dataset_name(args, sample)}/sample-{index}"
 
 
 def eval_dataset_name(args: Any, sample: Any) -> str:

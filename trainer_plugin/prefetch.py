@@ -1,9 +1,11 @@
 """Image prefetch from the trainer: the images of the episodes about to run go to the pool's
 PrefetchImages, so their pulls start before (or while) the episodes acquire their sandboxes.
 
-slime starts the generate calls of a rollout batch together; each adds its sample's image here
-and one PrefetchImages per `prefetch_delay_s` window carries every image the window collected,
-so a batch of 256 samples costs a call or two, not 256. Images sent recently are not sent again
+Two sources add images here: the data source (data_source.py), which sees each batch when the
+rollout fetches it and adds that batch's images and the next batch's, and each generate call,
+which adds its own sample's. One PrefetchImages per `prefetch_delay_s` window carries every
+image the window collected (images added while a call is in flight go in the next one), so a
+batch of 256 samples costs a call or two, not 256. Images sent recently are not sent again
 (the pool would only answer that they are being pulled). Prefetch is advice: a failed call is
 logged and never fails an episode. Off unless `pool_address` is set.
 """
@@ -36,6 +38,7 @@ class Prefetcher:
         self._sent: dict[str, float] = {}
         self._flush: asyncio.Task[None] | None = None
         self.calls = 0
+        self.failures = 0
 
     def add(self, image: str) -> None:
         now = time.monotonic()
@@ -46,8 +49,13 @@ class Prefetcher:
             self._flush = asyncio.get_running_loop().create_task(self._send_soon())
 
     async def _send_soon(self) -> None:
-        await asyncio.sleep(self._delay_s)
-        images, self._pending = list(self._pending), {}
+        # Images added while a call is in flight go in the next window's call.
+        while self._pending:
+            await asyncio.sleep(self._delay_s)
+            images, self._pending = list(self._pending), {}
+            await self._send(images)
+
+    async def _send(self, images: list[str]) -> None:
         now = time.monotonic()
         for image in images:
             self._sent[image] = now
@@ -56,7 +64,10 @@ class Prefetcher:
         try:
             reply = await self._stub.PrefetchImages(request, timeout=10)
         except Exception as exc:  # Advice only: the episodes pull on demand anyway.
-            _log.warning("prefetch.failed", images=len(images), error=str(exc))
+            # Logged once as a warning (a pool that is down would otherwise log every window).
+            log = _log.warning if not self.failures else _log.debug
+            self.failures += 1
+            log("prefetch.failed", images=len(images), error=str(exc), failures=self.failures)
             for image in images:
                 self._sent.pop(image, None)
             return

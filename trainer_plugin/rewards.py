@@ -21,9 +21,13 @@ returns one sample per turn, and long episodes would outweigh short ones in the 
 The normalisation applies to the estimators the framework in use normalises when
 `rewards_normalization` is on; otherwise raw rewards pass through, as in the framework. slime:
 grpo, gspo and cispo centred and divided by the std, reinforce_plus_plus_baseline centred only;
-miles (which has no cispo branch in its post-process): grpo and gspo divided by the std,
-reinforce_plus_plus_baseline centred, cispo passed through raw. With one sample per episode and
-whole groups this is exactly the framework's own computation.
+miles: grpo and gspo divided by the std, reinforce_plus_plus_baseline centred (cispo is no
+miles estimator: its parser refuses it). With one sample per episode and whole groups this is
+exactly slime's computation; miles' own (radixark/miles 31f1ca96,
+miles/ray/rollout/train_data_conversion.py) also groups by `group_index` and counts each rollout
+once, so it agrees for uneven groups and multi-sample episodes too (while an episode's samples
+share one reward, which miles requires). A group of one episode, or one whose episodes all
+score alike, normalises to 0 (miles skips the division there; slime gives NaN for one).
 """
 
 from __future__ import annotations

@@ -125,7 +125,9 @@ class PluginSettings(BaseSettings):
         "", description="Policy URL as the agent sees it; empty = slime's router ip:port."
     )
     policy_model: str = Field("", description="Model name recorded in the artifacts.")
-    owner_prefix: str = Field("slime", description="Prefix of the lease owner string.")
+    owner_prefix: str = Field(
+        "", description="Prefix of the lease owner string; empty = the framework's name."
+    )
     decode_response_text: bool = Field(
         True,
         description="Fill Sample.response with the decoded response tokens (for slime's logs) "
@@ -140,6 +142,19 @@ class PluginSettings(BaseSettings):
     pool_token: SecretStr | None = Field(None, description="Bearer token of the pool.")
     prefetch_delay_s: float = Field(
         0.2, gt=0, description="How long images are collected before one PrefetchImages call."
+    )
+    prefetch_next_batches: int = Field(
+        1,
+        ge=0,
+        description="With the data source swerl.trainer_plugin.data_source.PrefetchingDataSource "
+        "(--data-source-path): how many batches beyond the one fetched have their images "
+        "prefetched when a batch is fetched (each at least a rollout batch of prompts); 0 = the "
+        "fetched batch only.",
+    )
+    data_source_base: str = Field(
+        "",
+        description="The data source class PrefetchingDataSource extends (dotted path); empty = "
+        "the framework's default, <framework>.rollout.data_source.RolloutDataSourceWithBuffer.",
     )
     max_receive_message_bytes: int = Field(
         256 << 20, gt=0, description="Largest RunEpisode message accepted (whole trajectories)."

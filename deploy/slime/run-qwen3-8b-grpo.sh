@@ -56,6 +56,11 @@ POOL_PORT=${POOL_PORT:-18090}
 AGENT_PORT=${AGENT_PORT:-18091}
 PRM_PORT=${PRM_PORT:-18092}
 AGENT_ADDRESSES=${AGENT_ADDRESSES:-${HEAD_IP}:${AGENT_PORT}}   # SERVICES_MODE=external: yours
+# The pool the plugin prefetches task images through (PrefetchImages): the head's own pool, or
+# (SERVICES_MODE=external) yours; PREFETCH=0 or no pool address: no prefetch.
+POOL_ADDRESS=${POOL_ADDRESS:-}
+[[ -z "${POOL_ADDRESS}" && "${SERVICES_MODE}" != external ]] && POOL_ADDRESS=${HEAD_IP}:${POOL_PORT}
+PREFETCH=${PREFETCH:-1}
 : "${SWERL_TOKEN:?set SWERL_TOKEN: the bearer token of the swerl services}"
 : "${SWERL_CAPABILITY_SECRET:?set SWERL_CAPABILITY_SECRET: shared by the pool and exec nodes}"
 
@@ -169,6 +174,12 @@ SWERL_ARGS=(
   --custom-reward-post-process-path swerl.trainer_plugin.post_process_rewards
   --custom-config-path "${PLUGIN_CONFIG}"
 )
+# Image prefetch: the data source (the framework's default, extended) sends the images of each
+# fetched batch and of the next one to the pool, so their pulls overlap the running batch.
+if [[ "${PREFETCH}" == 1 && -n "${POOL_ADDRESS}" ]]; then
+  SWERL_ARGS+=(--data-source-path swerl.trainer_plugin.data_source.PrefetchingDataSource)
+  PLUGIN_ENV+=("SWERL_PLUGIN_POOL_ADDRESS=${POOL_ADDRESS}" "SWERL_PLUGIN_POOL_TOKEN=${SWERL_TOKEN}")
+fi
 TRAIN=(python3 "${FRAMEWORK_DIR}/train.py" --actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_GPUS}"
   --colocate "${MODEL_ARGS[@]}" "${CKPT_ARGS[@]}" "${ROLLOUT_ARGS[@]}" "${GRPO_ARGS[@]}"
   "${OPTIMIZER_ARGS[@]}" "${PERF_ARGS[@]}" "${SGLANG_ARGS[@]}" "${MISC_ARGS[@]}" "${SWERL_ARGS[@]}")

@@ -17,6 +17,10 @@ name `miles.` but has moved on in places the plugin meets:
 - `miles.rollout.filter_hub.base_types.DynamicFilterOutput(keep, reason)` (no
   keep_when_insufficient) and `call_dynamic_filter`;
 - `miles.utils.tracking_utils.tracking.log` and `miles.utils.metric_utils.compute_rollout_step`.
+- the default reward post-process (`default_post_process`): per `group_index`, one value per
+  rollout, no std division for a group of one or of std 0
+  (miles/ray/rollout/train_data_conversion.py); cispo is not an `--advantage-estimator` choice;
+- the default data source and prompt dataset (standin_data_source).
 
 The module-level functions drive the hooks the way miles' rollout does; their names and
 behaviour match slime_standin's, so the same tests run against either.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import math
 import os
 import sys
 import types
@@ -35,15 +40,25 @@ from enum import Enum
 from typing import Any
 
 import standin_common
+import standin_data_source
 from standin_common import LOGGED, declares_evaluation, load_function
 
 NAME = "miles"
 LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 GENERATE_HOOK = "swerl.trainer_plugin.miles_generate"
 LEGACY_GENERATE_HOOK = "swerl.trainer_plugin.generate"
-# miles' _post_process_rewards: no cispo branch (slime added one later).
+# miles' _post_process_rewards normalises these (miles/ray/rollout/train_data_conversion.py) and
+# divides by the std for the first two. cispo is no miles estimator: `--advantage-estimator`
+# accepts only ADVANTAGE_ESTIMATORS (miles/utils/arguments.py ~L1422-1431).
 NORMALISED = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 STD_DIVIDED = ("grpo", "gspo")
+ADVANTAGE_ESTIMATORS = (
+    "grpo",
+    "gspo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "ppo",
+)
 
 
 @dataclass
@@ -217,6 +232,7 @@ def install(monkeypatch: Any) -> None:
     filters.call_dynamic_filter = call_dynamic_filter
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
+    standin_data_source.install(monkeypatch, sys.modules, NAME, Sample)
     monkeypatch.setattr(SingletonMeta, "_instances", {})
     _rollout_state.clear()
     LOGGED.clear()
@@ -276,9 +292,72 @@ def filter_group(args: Any, group: list[Any]) -> DynamicFilterOutput:
     return call_dynamic_filter(load_function(args.dynamic_sampling_filter_path), args, group)
 
 
-def default_post_process(args: Any, samples: list[Any]) -> tuple[list[float], list[float]]:
-    """miles' own reward post-process (_post_process_rewards without a hook)."""
-    return standin_common.group_post_process(args, samples, NORMALISED, STD_DIVIDED)
+def default_post_process(
+    args: Any, samples: list[Any], prompt_group_sizes: list[int] | None = None
+) -> tuple[list[float], list[float]]:
+    """miles' own reward post-process (`_post_process_rewards` without a hook), as in
+    radixark/miles 31f1ca96, miles/ray/rollout/train_data_conversion.py ~L172-270
+    (`_reward_group_segments`, `_normalize_rewards_by_rollout`):
+
+    - reward groups: the explicit `prompt_group_sizes` (multi-LoRA) when given; else by each
+      sample's `group_index` (in first-seen order) when every sample has one; else rows of
+      `n_samples_per_prompt` when the batch is complete; else the whole batch;
+    - within a group, one value per rollout (keyed by `rollout_id`, else `index`, else the
+      row): its samples must share one reward (ValueError otherwise);
+    - each rollout's value minus the group mean; for grpo / gspo with `grpo_std_normalization`
+      also divided by (unbiased std + 1e-6), but only where the group has more than one rollout
+      and its std is above 0 (0 where torch would give NaN);
+    - the result broadcast to the rollout's samples. Placeholders (`remove_sample`) are not
+      treated specially. Computed in Python floats where miles uses float32 tensors.
+    """
+    raw = [s.get_reward_value(args) for s in samples]
+    if args.advantage_estimator not in NORMALISED or not args.rewards_normalization:
+        return raw, raw
+    out = [0.0] * len(samples)
+    for segment in _reward_groups(args, samples, prompt_group_sizes):
+        rollouts: dict[Any, list[int]] = {}
+        for i in segment:
+            sample = samples[i]
+            key = sample.rollout_id if sample.rollout_id is not None else sample.index
+            rollouts.setdefault(key if key is not None else ("row", i), []).append(i)
+        shared = []
+        for key, rows in rollouts.items():
+            values = [raw[i] for i in rows]
+            if any(v != values[0] for v in values[1:]):
+                raise ValueError(f"all samples in rollout {key!r} must share one reward")
+            shared.append(values[0])
+        mean = sum(shared) / len(shared)
+        normalised = [v - mean for v in shared]
+        if (
+            args.advantage_estimator in STD_DIVIDED
+            and args.grpo_std_normalization
+            and len(shared) > 1
+        ):
+            std = math.sqrt(sum(c * c for c in normalised) / (len(shared) - 1))
+            if std > 0:
+                normalised = [c / (std + 1e-6) for c in normalised]
+        for rows, value in zip(rollouts.values(), normalised, strict=True):
+            for i in rows:
+                out[i] = value
+    return raw, out
+
+
+def _reward_groups(
+    args: Any, samples: list[Any], prompt_group_sizes: list[int] | None
+) -> list[list[int]]:
+    if prompt_group_sizes is not None:
+        assert sum(prompt_group_sizes) == len(samples)
+        starts = list(itertools.accumulate([0, *prompt_group_sizes]))
+        return [list(range(a, b)) for a, b in itertools.pairwise(starts) if b > a]
+    if all(s.group_index is not None for s in samples):
+        groups: dict[int, list[int]] = {}
+        for i, sample in enumerate(samples):
+            groups.setdefault(int(sample.group_index), []).append(i)
+        return list(groups.values())
+    width = args.n_samples_per_prompt
+    if len(samples) == width * args.rollout_batch_size:
+        return [list(range(a, a + width)) for a in range(0, len(samples), width)]
+    return [list(range(len(samples)))]
 
 
 def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from enum import Enum
 from typing import Any
 
 import standin_common
+import standin_data_source
 from standin_common import LOGGED, declares_evaluation, load_function
 
 NAME = "slime"
@@ -175,6 +176,7 @@ def install(monkeypatch: Any) -> None:
     metric_utils.compute_rollout_step = standin_common.compute_rollout_step
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
+    standin_data_source.install(monkeypatch, sys.modules, NAME, Sample)
     monkeypatch.setattr(SingletonMeta, "_instances", {})
     LOGGED.clear()
 

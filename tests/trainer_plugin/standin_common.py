@@ -94,9 +94,10 @@ def check_call_result(sample_cls: type, result: Any, *, per_turn: bool) -> list[
 def group_post_process(
     args: Any, samples: list[Any], normalised: tuple[str, ...], std_divided: tuple[str, ...]
 ) -> tuple[list[float], list[float]]:
-    """The frameworks' default reward post-process: rows of n_samples_per_prompt when the batch
-    is complete, else one row; each row's mean subtracted; divided by (unbiased std + 1e-6) for
-    the std estimators. `normalised`/`std_divided` are the framework's estimator lists."""
+    """slime's default reward post-process: rows of n_samples_per_prompt when the batch is
+    complete, else one row; each row's mean subtracted; divided by (unbiased std + 1e-6) for the
+    std estimators (NaN for a row of one). `normalised`/`std_divided` are its estimator lists.
+    miles' differs (per group index and rollout): miles_standin.default_post_process."""
     raw = [s.get_reward_value(args) for s in samples]
     if args.advantage_estimator not in normalised or not args.rewards_normalization:
         return raw, raw

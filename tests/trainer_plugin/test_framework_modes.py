@@ -196,7 +196,7 @@ async def test_eval_leaves_infra_failures_out_of_the_mean_and_counts_them(fw, sa
     (counts,) = [m for _, m in standin_common.LOGGED if "eval/swe-verified-infra_errors" in m]
     assert counts["eval/swe-verified-infra_errors"] == 1.0
     assert counts["eval/swe-verified-cancelled"] == 0.0 and counts["eval/step"] == 5
-    assert owners == [f"slime/eval/eval/sample-{i}" for i in range(4)]
+    assert owners == [f"{fw.NAME}/eval/eval/sample-{i}" for i in range(4)]
 
 
 async def test_eval_owners_name_the_dataset_and_the_sample_index(fw, sampling_params):
@@ -208,7 +208,11 @@ async def test_eval_owners_name_the_dataset_and_the_sample_index(fw, sampling_pa
         sample.metadata["source_name"] = "swe-verified"  # an eval dataset's metadata_overrides
         await fw.generate(args, sample, sampling_params, evaluation=True)
         owners = [start.options.owner for start in server.agent.starts]
-    assert owners == ["slime/eval/swe-gym-val/sample-7", "slime/eval/swe-verified/sample-2"]
+    # The prefix names the framework in use.
+    assert owners == [
+        f"{fw.NAME}/eval/swe-gym-val/sample-7",
+        f"{fw.NAME}/eval/swe-verified/sample-2",
+    ]
 
 
 def test_an_eval_dataset_left_without_graded_episodes_reports_its_counts_only(fw):
@@ -392,8 +396,8 @@ def _sample(fw, group_index, index, reward, *, rollout_id=None, **meta):
 @pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
 @pytest.mark.parametrize("std", [True, False])
 def test_post_process_equals_the_frameworks_formula_for_every_estimator(fw, estimator, std):
-    # The framework in use decides: slime normalises cispo, miles has no cispo branch and
-    # passes its rewards through raw.
+    # The framework in use decides: slime normalises cispo; miles has no cispo estimator.
+    skip_estimators_the_framework_refuses(fw, estimator)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.25]
     samples = [_sample(fw, i // 4, i % 4, r) for i, r in enumerate(rewards)]
     args = make_args(["x:1"])
@@ -408,6 +412,69 @@ def test_post_process_equals_the_frameworks_formula_for_every_estimator(fw, esti
     divided = estimator != "reinforce_plus_plus_baseline" and std
     centred_first = rewards[0] - sum(rewards[:4]) / 4
     assert math.isclose(ours[0], centred_first, rel_tol=1e-9) is (not divided)
+
+
+@pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
+@pytest.mark.parametrize("std", [True, False])
+def test_post_process_equals_the_frameworks_with_a_zero_std_group(fw, estimator, std):
+    skip_estimators_the_framework_refuses(fw, estimator)
+    # Two complete groups of four (a layout both frameworks group alike); the first group's
+    # rewards are all equal: std 0, so every value there is 0 (slime: 0 / (0 + 1e-6); miles
+    # skips the division).
+    rewards = [0.3, 0.3, 0.3, 0.3, 1.0, 0.0, 0.25, 1.0]
+    samples = [_sample(fw, i // 4, i % 4, r) for i, r in enumerate(rewards)]
+    args = _post_process_args(estimator, std)
+    raw, ours = plugin.post_process_rewards(args, samples)
+    _, frameworks = fw.default_post_process(args, samples)
+    assert raw == rewards
+    assert ours == pytest.approx(frameworks, abs=1e-9)
+    if estimator in fw.NORMALISED:
+        assert ours[:4] == pytest.approx([0.0] * 4, abs=1e-9)
+
+
+@pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
+@pytest.mark.parametrize("std", [True, False])
+def test_post_process_with_a_one_member_group_and_uneven_groups(fw, estimator, std):
+    skip_estimators_the_framework_refuses(fw, estimator)
+    # Groups of 1, 3 (std 0) and 4 samples, and a group of two episodes where one returned two
+    # samples (dynamic history: one per turn, sharing the episode's rollout_id and reward).
+    layout = [(0, 1.0), (1, 0.3), (1, 0.3), (1, 0.3), (2, 1.0), (2, 0.0), (2, 0.0), (2, 0.5)]
+    samples = [_sample(fw, g, i, r) for i, (g, r) in enumerate(layout)]
+    samples += [_sample(fw, 3, 8, 1.0, rollout_id=7), _sample(fw, 3, 9, 1.0, rollout_id=7)]
+    samples += [_sample(fw, 3, 10, 0.0)]
+    args = _post_process_args(estimator, std)
+    raw, ours = plugin.post_process_rewards(args, samples)
+    if estimator not in fw.NORMALISED:
+        assert ours == raw
+        return
+    # The one-member group and the zero-std group: 0 (no spread to normalise).
+    assert ours[:4] == pytest.approx([0.0] * 4, abs=1e-9)
+    if fw.NAME == "miles":
+        # miles groups by group_index and normalises one value per rollout: the plugin agrees.
+        _, frameworks = fw.default_post_process(args, samples)
+        assert ours == pytest.approx(frameworks, abs=1e-9)
+        return
+    # slime reshapes a batch of n_samples_per_prompt x rollout_batch_size rows and normalises
+    # any other batch as one row (why the plugin has its own post-process). Over whole groups
+    # of n = 1 it gives NaN where it divides by the std of one value; the plugin gives 0.
+    args.n_samples_per_prompt, args.rollout_batch_size = 1, 3
+    single = [_sample(fw, g, 0, r) for g, r in enumerate([1.0, 0.0, 0.5])]
+    _, ours = plugin.post_process_rewards(args, single)
+    _, frameworks = fw.default_post_process(args, single)
+    assert ours == [0.0, 0.0, 0.0]
+    divided = estimator in fw.STD_DIVIDED and std
+    assert all(math.isnan(v) for v in frameworks) if divided else frameworks == ours
+
+
+def skip_estimators_the_framework_refuses(fw, estimator: str) -> None:
+    if estimator not in getattr(fw, "ADVANTAGE_ESTIMATORS", (estimator,)):
+        pytest.skip(f"{fw.NAME}'s --advantage-estimator does not accept {estimator}")
+
+
+def _post_process_args(estimator: str, std: bool) -> argparse.Namespace:
+    args = make_args(["x:1"])
+    args.advantage_estimator, args.grpo_std_normalization = estimator, std
+    return args
 
 
 def test_get_reward_value_needs_reward_key_as_in_the_framework(fw):

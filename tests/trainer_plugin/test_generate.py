@@ -106,7 +106,7 @@ async def test_start_carries_instance_router_tokenizer_and_a_copy_of_sampling_pa
     assert start.limits.max_context_tokens == 16384
     assert start.prm.enabled and start.prm.m == 3 and start.prm.coef == pytest.approx(0.2)
     assert not start.options.dynamic_history
-    assert start.options.owner == "slime/train/group-0"
+    assert start.options.owner == f"{fw.NAME}/train/group-0"
     assert metadata["x-request-id"] == start.episode_id
 
 
@@ -206,7 +206,7 @@ async def test_evaluation_calls_return_one_sample_per_episode_even_with_dynamic_
         (start,) = server.agent.starts
     fw.check_call_result(out, per_turn=False)
     assert not start.options.dynamic_history
-    assert start.options.owner == "slime/eval/eval/sample-0"
+    assert start.options.owner == f"{fw.NAME}/eval/eval/sample-0"
 
 
 async def test_record_breaking_the_token_invariants_becomes_a_placeholder(fw, sampling_params):

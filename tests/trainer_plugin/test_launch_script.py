@@ -268,3 +268,41 @@ def test_an_unknown_framework_is_refused(tmp_path):
     with pytest.raises(subprocess.CalledProcessError) as failed:
         run_script_argv(tmp_path, FRAMEWORK="verl", SERVICES_MODE="external")
     assert b"FRAMEWORK must be slime or miles" in failed.value.stderr
+
+
+DATA_SOURCE = "swerl.trainer_plugin.data_source.PrefetchingDataSource"
+
+
+@pytest.mark.parametrize(
+    ("env", "pool"),
+    [
+        ({}, "10.0.0.1:18090"),  # ray-actor: the head's own pool
+        (
+            {"SERVICES_MODE": "external", "POOL_ADDRESS": "pool.internal:18090"},
+            "pool.internal:18090",
+        ),
+        ({"SERVICES_MODE": "external"}, None),  # no pool address known: no prefetch
+        ({"PREFETCH": "0"}, None),
+    ],
+)
+def test_prefetch_uses_the_data_source_and_the_pool_address_when_one_is_configured(
+    tmp_path, env, pool
+):
+    (call,) = run_script_argv(tmp_path, **env)
+    runtime_env, entry = _submit_parts(call)
+    if pool is None:
+        assert "--data-source-path" not in entry
+        assert "SWERL_PLUGIN_POOL_ADDRESS" not in runtime_env
+        return
+    assert _flag(entry, "--data-source-path") == DATA_SOURCE
+    module, _, name = DATA_SOURCE.rpartition(".")
+    assert isinstance(getattr(__import__(module, fromlist=[name]), name), type)
+    assert runtime_env["SWERL_PLUGIN_POOL_ADDRESS"] == pool
+    assert runtime_env["SWERL_PLUGIN_POOL_TOKEN"] == "tok"
+
+
+def test_the_seed_script_prefetches_too(tmp_path):
+    (call,) = run_script_argv(tmp_path, SEED_SCRIPT)
+    runtime_env, entry = _submit_parts(call)
+    assert _flag(entry, "--data-source-path") == DATA_SOURCE
+    assert runtime_env["SWERL_PLUGIN_POOL_ADDRESS"] == "10.0.0.1:18090"
