@@ -23,6 +23,13 @@ if FRAMEWORK not in STANDINS:
     raise RuntimeError(f"SWERL_TEST_FRAMEWORK must be one of {sorted(STANDINS)}, not {FRAMEWORK!r}")
 
 
+def accepted_estimators(candidates: tuple[str, ...] | list[str]) -> list[str]:
+    """The candidates the framework in use accepts as --advantage-estimator (miles refuses
+    cispo), so a test is parametrized over what this run can ask of it, never skipped."""
+    accepted = getattr(STANDINS[FRAMEWORK], "ADVANTAGE_ESTIMATORS", tuple(candidates))
+    return [e for e in candidates if e in accepted]
+
+
 @pytest.fixture
 def fw(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The framework stand-in (Sample, GenerateState, DynamicFilterOutput, loggers and the

@@ -30,7 +30,7 @@ from agent_playback import (
     playback_top_p,
     result,
 )
-from conftest import make_args, make_sample
+from conftest import accepted_estimators, make_args, make_sample
 
 import swerl.trainer_plugin as plugin
 from swerl.trainer_plugin import framework
@@ -393,11 +393,10 @@ def _sample(fw, group_index, index, reward, *, rollout_id=None, **meta):
     return sample
 
 
-@pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
+@pytest.mark.parametrize("estimator", accepted_estimators(slime_standin.NORMALISED))
 @pytest.mark.parametrize("std", [True, False])
 def test_post_process_equals_the_frameworks_formula_for_every_estimator(fw, estimator, std):
     # The framework in use decides: slime normalises cispo; miles has no cispo estimator.
-    skip_estimators_the_framework_refuses(fw, estimator)
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.25]
     samples = [_sample(fw, i // 4, i % 4, r) for i, r in enumerate(rewards)]
     args = make_args(["x:1"])
@@ -414,10 +413,9 @@ def test_post_process_equals_the_frameworks_formula_for_every_estimator(fw, esti
     assert math.isclose(ours[0], centred_first, rel_tol=1e-9) is (not divided)
 
 
-@pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
+@pytest.mark.parametrize("estimator", accepted_estimators(slime_standin.NORMALISED))
 @pytest.mark.parametrize("std", [True, False])
 def test_post_process_equals_the_frameworks_with_a_zero_std_group(fw, estimator, std):
-    skip_estimators_the_framework_refuses(fw, estimator)
     # Two complete groups of four (a layout both frameworks group alike); the first group's
     # rewards are all equal: std 0, so every value there is 0 (slime: 0 / (0 + 1e-6); miles
     # skips the division).
@@ -432,10 +430,9 @@ def test_post_process_equals_the_frameworks_with_a_zero_std_group(fw, estimator,
         assert ours[:4] == pytest.approx([0.0] * 4, abs=1e-9)
 
 
-@pytest.mark.parametrize("estimator", slime_standin.NORMALISED)
+@pytest.mark.parametrize("estimator", accepted_estimators(slime_standin.NORMALISED))
 @pytest.mark.parametrize("std", [True, False])
 def test_post_process_with_a_one_member_group_and_uneven_groups(fw, estimator, std):
-    skip_estimators_the_framework_refuses(fw, estimator)
     # Groups of 1, 3 (std 0) and 4 samples, and a group of two episodes where one returned two
     # samples (dynamic history: one per turn, sharing the episode's rollout_id and reward).
     layout = [(0, 1.0), (1, 0.3), (1, 0.3), (1, 0.3), (2, 1.0), (2, 0.0), (2, 0.0), (2, 0.5)]
@@ -464,11 +461,6 @@ def test_post_process_with_a_one_member_group_and_uneven_groups(fw, estimator, s
     assert ours == [0.0, 0.0, 0.0]
     divided = estimator in fw.STD_DIVIDED and std
     assert all(math.isnan(v) for v in frameworks) if divided else frameworks == ours
-
-
-def skip_estimators_the_framework_refuses(fw, estimator: str) -> None:
-    if estimator not in getattr(fw, "ADVANTAGE_ESTIMATORS", (estimator,)):
-        pytest.skip(f"{fw.NAME}'s --advantage-estimator does not accept {estimator}")
 
 
 def _post_process_args(estimator: str, std: bool) -> argparse.Namespace:
