@@ -65,6 +65,26 @@ async def _nothing_left(env, timeout_s: float = 30.0) -> None:
         await pool.close()
 
 
+def _runs(container: str, needle: str) -> bool:
+    client = docker.from_env()
+    try:
+        rows = client.containers.get(container).top(ps_args="-eo pid,args").get("Processes") or []
+        return any(needle in " ".join(row) for row in rows)
+    except docker.errors.NotFound:
+        return False
+    finally:
+        client.close()
+
+
+async def _until_running(sandbox_id: str, needle: str) -> None:
+    """Waits until a process of the sandbox's command line `needle` runs in its container: the
+    command has started (and so the sandbox's shell start-up is over)."""
+    deadline = time.monotonic() + 120
+    while not await asyncio.to_thread(_runs, f"swerl-{sandbox_id}", needle):
+        assert time.monotonic() < deadline, f"{needle!r} never ran in {sandbox_id}"
+        await asyncio.sleep(0.1)
+
+
 async def _until_active(pool: PoolClient, n: int, not_of: str = "") -> list[str]:
     """The ids of the active leases once there are `n` and `not_of` is not one of them."""
     deadline = time.monotonic() + 120
@@ -153,10 +173,6 @@ class _Judge:
         return StepScore(turn.turn_index, StepScoreState.SCORED, turn.turn_index / 10, 1)
 
 
-@pytest.mark.skip(
-    reason="issue 18 (open): in the full suite this test hit the 300 s timeout once (not in"
-    " isolation); a lost branch lease's teardown is being investigated"
-)
 async def test_a_branch_whose_lease_is_lost_ends_infra_error_alone_and_the_others_go_on():
     task = bundled_tasks()[0]
     script = [
@@ -179,10 +195,12 @@ async def test_a_branch_whose_lease_is_lost_ends_infra_error_alone_and_the_other
             started = (await call.read()).started
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                # Once the trunk's lease is gone, the active ones are the 3 branches', each
-                # in its 6-second command: release one of them behind the agent's back.
+                # Once the trunk's lease is gone, the active ones are the 3 branches'. Wait
+                # until one is in its 6-second command, then release it behind the agent's back.
                 active = await _until_active(pool, 3, not_of=started.lease_id)
-                await pool.release(active[0])
+                lost = next(x for x in await pool.list_leases() if x.lease_id == active[0])
+                await _until_running(lost.sandbox_id, "sleep 6")
+                await pool.release(lost.lease_id)
             finally:
                 await pool.close()
             messages = [m async for m in call]
