@@ -70,7 +70,7 @@ def _runs(container: str, needle: str) -> bool:
     try:
         rows = client.containers.get(container).top(ps_args="-eo pid,args").get("Processes") or []
         return any(needle in " ".join(row) for row in rows)
-    except docker.errors.NotFound:
+    except docker.errors.APIError:  # gone, or not running (a sandbox being destroyed)
         return False
     finally:
         client.close()
@@ -82,6 +82,19 @@ async def _until_running(sandbox_id: str, needle: str) -> None:
     deadline = time.monotonic() + 120
     while not await asyncio.to_thread(_runs, f"swerl-{sandbox_id}", needle):
         assert time.monotonic() < deadline, f"{needle!r} never ran in {sandbox_id}"
+        await asyncio.sleep(0.1)
+
+
+async def _until_n_run(pool: PoolClient, n: int, needle: str) -> None:
+    """Waits until `n` active leases' sandboxes run `needle` (each branch is in that command).
+    A release before then would come while a fork's shell is still starting."""
+    deadline = time.monotonic() + 120
+    while True:
+        sandboxes = [x.sandbox_id for x in await pool.list_leases() if x.state == 2]
+        running = [s for s in sandboxes if await asyncio.to_thread(_runs, f"swerl-{s}", needle)]
+        if len(running) == n:
+            return
+        assert time.monotonic() < deadline, f"never {n} sandboxes running {needle!r}"
         await asyncio.sleep(0.1)
 
 
@@ -244,10 +257,9 @@ async def test_cancel_stops_every_branch_and_leaves_no_sandbox_or_fork_image():
             await call.write(pb.RunEpisodeRequest(start=start))
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                await _until_active(pool, 3)
+                await _until_n_run(pool, 3, "sleep 60")  # the branches are in their `sleep 60`
             finally:
                 await pool.close()
-            await asyncio.sleep(0.5)  # the branches are in their `sleep 60`
             cancelled_at = time.monotonic()
             await call.write(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="test")))
             messages = [m async for m in call]
@@ -277,10 +289,9 @@ async def test_a_dropped_call_during_the_branches_releases_every_sandbox():
             await call.write(pb.RunEpisodeRequest(start=start))
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                await _until_active(pool, 2)
+                await _until_n_run(pool, 2, "sleep 60")
             finally:
                 await pool.close()
-            await asyncio.sleep(0.5)
             call.cancel()  # no `cancel` message: the caller went away
             await _nothing_left(env)
             assert env.agent.runner.running == {}
