@@ -40,8 +40,10 @@ pytestmark = pytest.mark.usefixtures("base_image")
 def _fork_images_of(node_ids: list[str]) -> list[str]:
     client = docker.from_env()
     try:
-        images = client.images.list(filters={"label": "swerl.checkpoint_id"})
-        return [i.id for i in images if i.labels.get("swerl.node") in node_ids]
+        # One listing with the labels (images.list inspects each image it lists, and fails
+        # when a node, this stack's or another's on the same dockerd, removes one meanwhile).
+        images = client.api.images(filters={"label": "swerl.checkpoint_id"})
+        return [i["Id"] for i in images if (i.get("Labels") or {}).get("swerl.node") in node_ids]
     finally:
         client.close()
 
