@@ -40,8 +40,10 @@ pytestmark = pytest.mark.usefixtures("base_image")
 def _fork_images_of(node_ids: list[str]) -> list[str]:
     client = docker.from_env()
     try:
-        images = client.images.list(filters={"label": "swerl.checkpoint_id"})
-        return [i.id for i in images if i.labels.get("swerl.node") in node_ids]
+        # One listing with the labels (images.list inspects each image it lists, and fails
+        # when a node, this stack's or another's on the same dockerd, removes one meanwhile).
+        images = client.api.images(filters={"label": "swerl.checkpoint_id"})
+        return [i["Id"] for i in images if (i.get("Labels") or {}).get("swerl.node") in node_ids]
     finally:
         client.close()
 
@@ -63,6 +65,39 @@ async def _nothing_left(env, timeout_s: float = 30.0) -> None:
             await asyncio.sleep(0.3)
     finally:
         await pool.close()
+
+
+def _runs(container: str, needle: str) -> bool:
+    client = docker.from_env()
+    try:
+        rows = client.containers.get(container).top(ps_args="-eo pid,args").get("Processes") or []
+        return any(needle in " ".join(row) for row in rows)
+    except docker.errors.APIError:  # gone, or not running (a sandbox being destroyed)
+        return False
+    finally:
+        client.close()
+
+
+async def _until_running(sandbox_id: str, needle: str) -> None:
+    """Waits until a process of the sandbox's command line `needle` runs in its container: the
+    command has started (and so the sandbox's shell start-up is over)."""
+    deadline = time.monotonic() + 120
+    while not await asyncio.to_thread(_runs, f"swerl-{sandbox_id}", needle):
+        assert time.monotonic() < deadline, f"{needle!r} never ran in {sandbox_id}"
+        await asyncio.sleep(0.1)
+
+
+async def _until_n_run(pool: PoolClient, n: int, needle: str) -> None:
+    """Waits until `n` active leases' sandboxes run `needle` (each branch is in that command).
+    A release before then would come while a fork's shell is still starting."""
+    deadline = time.monotonic() + 120
+    while True:
+        sandboxes = [x.sandbox_id for x in await pool.list_leases() if x.state == 2]
+        running = [s for s in sandboxes if await asyncio.to_thread(_runs, f"swerl-{s}", needle)]
+        if len(running) == n:
+            return
+        assert time.monotonic() < deadline, f"never {n} sandboxes running {needle!r}"
+        await asyncio.sleep(0.1)
 
 
 async def _until_active(pool: PoolClient, n: int, not_of: str = "") -> list[str]:
@@ -153,10 +188,6 @@ class _Judge:
         return StepScore(turn.turn_index, StepScoreState.SCORED, turn.turn_index / 10, 1)
 
 
-@pytest.mark.skip(
-    reason="issue 18 (open): in the full suite this test hit the 300 s timeout once (not in"
-    " isolation); a lost branch lease's teardown is being investigated"
-)
 async def test_a_branch_whose_lease_is_lost_ends_infra_error_alone_and_the_others_go_on():
     task = bundled_tasks()[0]
     script = [
@@ -179,10 +210,12 @@ async def test_a_branch_whose_lease_is_lost_ends_infra_error_alone_and_the_other
             started = (await call.read()).started
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                # Once the trunk's lease is gone, the active ones are the 3 branches', each
-                # in its 6-second command: release one of them behind the agent's back.
+                # Once the trunk's lease is gone, the active ones are the 3 branches'. Wait
+                # until one is in its 6-second command, then release it behind the agent's back.
                 active = await _until_active(pool, 3, not_of=started.lease_id)
-                await pool.release(active[0])
+                lost = next(x for x in await pool.list_leases() if x.lease_id == active[0])
+                await _until_running(lost.sandbox_id, "sleep 6")
+                await pool.release(lost.lease_id)
             finally:
                 await pool.close()
             messages = [m async for m in call]
@@ -226,10 +259,9 @@ async def test_cancel_stops_every_branch_and_leaves_no_sandbox_or_fork_image():
             await call.write(pb.RunEpisodeRequest(start=start))
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                await _until_active(pool, 3)
+                await _until_n_run(pool, 3, "sleep 60")  # the branches are in their `sleep 60`
             finally:
                 await pool.close()
-            await asyncio.sleep(0.5)  # the branches are in their `sleep 60`
             cancelled_at = time.monotonic()
             await call.write(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="test")))
             messages = [m async for m in call]
@@ -259,10 +291,9 @@ async def test_a_dropped_call_during_the_branches_releases_every_sandbox():
             await call.write(pb.RunEpisodeRequest(start=start))
             pool = PoolClient(env.stack.pool_address, token=env.stack.token)
             try:
-                await _until_active(pool, 2)
+                await _until_n_run(pool, 2, "sleep 60")
             finally:
                 await pool.close()
-            await asyncio.sleep(0.5)
             call.cancel()  # no `cancel` message: the caller went away
             await _nothing_left(env)
             assert env.agent.runner.running == {}
