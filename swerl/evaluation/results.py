@@ -6,6 +6,12 @@ flushed and fsynced as it ends, so an interrupted run loses only the episodes st
 When an instance has several lines (an error retried), the last one counts. Errors (infra
 failures, aborted generations) are kept apart from answers: they are not counted as unresolved,
 and `--retry-errors` runs them again.
+
+A graded record also says how it was graded: the evaluation's network (`eval_network`: NONE,
+BRIDGE or HOST), the package index its install steps used (`eval_package_index`, empty for
+pip's default) and the report's warnings (`eval_warnings`: reason and message each, e.g. a
+NETWORK_STEP_FAILED of a task that needs network graded offline), taken from the report in the
+episode's artifacts/meta.json when the record is appended. summary.json counts them.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class OutputDir:
         }
 
     def append(self, record: dict[str, Any]) -> None:
+        record = {**record, **evaluation_context(record)}
         with (self.path / RESULTS_FILE).open("a", encoding="utf-8") as out:
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
@@ -71,7 +78,12 @@ class OutputDir:
     def write_derived(self, selected: list[str], model: str, info: dict[str, Any]) -> dict:
         """Writes preds.jsonl and summary.json for the `selected` instances; returns the summary."""
         records = self.records()
-        chosen = [records[iid] for iid in selected if iid in records]
+        # Records written before they carried the evaluation's network get it here.
+        chosen = [
+            {**records[iid], **evaluation_context(records[iid])}
+            for iid in selected
+            if iid in records
+        ]
         with (self.path / PREDS_FILE).open("w", encoding="utf-8") as preds:
             for record in chosen:
                 if record["status"] in ERROR_STATUSES:
@@ -113,4 +125,48 @@ def summarize(records: list[dict[str, Any]], *, total: int) -> dict[str, Any]:
         "by_status": dict(sorted(by_status.items())),
         "by_eval_status": dict(sorted(by_eval.items())),
         "metrics_mean": {key: sums[key] / counts[key] for key in sorted(sums)},
+        **_evaluation_context_summary(records),
+    }
+
+
+def evaluation_context(record: dict[str, Any]) -> dict[str, Any]:
+    """`eval_network`, `eval_package_index` and `eval_warnings` of a graded record, from the
+    evaluation report its episode wrote to <artifact_dir>/meta.json; nothing when the record
+    has them already, was not graded, or its artifacts are not readable here (a remote agent's
+    host)."""
+    if "eval_network" in record or not record.get("eval_status") or not record.get("artifact_dir"):
+        return {}
+    try:
+        meta = json.loads((Path(record["artifact_dir"]) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    report = meta.get("report") if isinstance(meta, dict) else None
+    if not isinstance(report, dict):
+        return {}
+    # meta.json holds the report as MessageToDict writes it: camelCase, defaults left out
+    # (an unset network is NETWORK_MODE_UNSPECIFIED, which the exec node treats as NONE).
+    network = str(report.get("network") or "NETWORK_MODE_NONE").removeprefix("NETWORK_MODE_")
+    warnings = [
+        {"reason": str(w.get("reason", "")), "message": str(w.get("message", ""))}
+        for w in report.get("warnings") or []
+        if isinstance(w, dict)
+    ]
+    return {
+        "eval_network": "NONE" if network == "UNSPECIFIED" else network,
+        "eval_package_index": str(report.get("packageIndex") or ""),
+        "eval_warnings": warnings,
+    }
+
+
+def _evaluation_context_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the graded records were graded: networks, and warnings by reason."""
+    networks = Counter(r["eval_network"] for r in records if r.get("eval_network"))
+    indexes = Counter(r["eval_package_index"] for r in records if r.get("eval_package_index"))
+    warned = [r for r in records if r.get("eval_warnings")]
+    reasons = Counter(w["reason"] for r in warned for w in r["eval_warnings"])
+    return {
+        "by_eval_network": dict(sorted(networks.items())),
+        "by_eval_package_index": dict(sorted(indexes.items())),
+        "eval_warnings_by_reason": dict(sorted(reasons.items())),
+        "instances_with_eval_warnings": sorted(str(r["instance_id"]) for r in warned),
     }
