@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from swerl.chassis.logging import configure_logging, quiet_foreign_libraries
 from swerl.chassis.settings import add_settings_arguments, settings_from_args
-from swerl.tasks import TaskFormatError, TaskImageError
+from swerl.tasks import TaskFormatError, TaskImageError, TaskInstance
 
 
 def _exec_serve(args: argparse.Namespace) -> int:
@@ -40,36 +40,49 @@ def _demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(args.image))
 
 
-def _tasks_build(args: argparse.Namespace) -> int:
-    from swerl.tasks import build_images, load_tasks
+def _load_tasks(args: argparse.Namespace) -> tuple[Path, list[TaskInstance]]:
+    """The positional tasks directory or rows file, else the --tasks directory (default: the
+    bundled set), and its tasks."""
+    from swerl.tasks import default_tasks_dir, load_task_source, load_tasks
 
-    tasks = load_tasks(args.tasks)
+    if args.source is not None and args.tasks is not None:
+        raise TaskFormatError(f"give either {args.source} or --tasks {args.tasks}, not both")
+    if args.source is None:
+        directory = args.tasks or default_tasks_dir()
+        return directory, load_tasks(directory)
+    tasks = load_task_source(
+        args.source, convention=args.image_convention, registry_prefix=args.registry_prefix
+    )
+    return args.source, tasks
+
+
+def _tasks_build(args: argparse.Namespace) -> int:
+    from swerl.tasks import build_images
+
+    _, tasks = _load_tasks(args)
     build_images(tasks, base_image=args.base_image, rebuild=args.rebuild)
     return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from swerl.chassis.client import make_channel
-    from swerl.exec.v1 import evaluate_pb2_grpc
-    from swerl.tasks import load_tasks
-    from swerl.validate import render, run_local, validate
+    from swerl.validate import render, run_local, run_remote
 
     configure_logging("console", "warning")
-    tasks = load_tasks(args.tasks)
+    source, tasks = _load_tasks(args)
     if args.only:
         tasks = [t for t in tasks if t.instance_id in set(args.only)]
-    print(f"validating {len(tasks)} tasks from {args.tasks}", flush=True)
-
-    async def remote():
-        channel = make_channel(args.node, token=args.token)
-        try:
-            stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
-            return await validate(tasks, stub, concurrency=args.concurrency, timeout_s=args.timeout)
-        finally:
-            await channel.close()
+    print(f"validating {len(tasks)} tasks from {source}", flush=True)
 
     if args.node:
-        checks = asyncio.run(remote())
+        checks = asyncio.run(
+            run_remote(
+                tasks,
+                node=args.node,
+                token=args.token,
+                concurrency=args.concurrency,
+                timeout_s=args.timeout,
+            )
+        )
     else:
         checks = asyncio.run(
             run_local(
@@ -100,13 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_arguments(serve, ExecSettings)
     serve.set_defaults(handler=_exec_serve)
 
-    from swerl.tasks import default_tasks_dir
+    from swerl.data.naming import CONVENTIONS
 
+    source_help = (
+        "a tasks directory, or a file of SWE-bench / SWE-Gym rows as published (parquet, JSON,"
+        " JSON lines), whose images are named as published and never built (default: --tasks)"
+    )
+    tasks_help = "tasks directory (default: the bundled examples/tasks or $SWERL_TASKS_DIR)"
+    convention_help = "image naming rule of rows without image_name (see `swerl data prepare`)"
     base_image = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
     tasks_parser = services.add_parser("tasks", help="SWE-bench-format task sets")
     tasks_cmds = tasks_parser.add_subparsers(dest="command", required=True)
     build = tasks_cmds.add_parser("build", help="build the task images on the local dockerd")
-    build.add_argument("--tasks", type=Path, default=default_tasks_dir(), help="tasks directory")
+    build.add_argument("source", type=Path, nargs="?", help=source_help)
+    build.add_argument("--tasks", type=Path, help=tasks_help)
+    build.add_argument(
+        "--image-convention", choices=CONVENTIONS, default="auto", help=convention_help
+    )
+    build.add_argument("--registry-prefix", default="", help="see `swerl data prepare`")
     build.add_argument("--base-image", default=base_image, help="image the Dockerfiles start FROM")
     build.add_argument("--rebuild", action="store_true", help="rebuild images already present")
     build.set_defaults(handler=_tasks_build)
@@ -114,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = services.add_parser(
         "validate", help="check that gold patches resolve and empty/wrong ones do not"
     )
-    validate.add_argument("--tasks", type=Path, default=default_tasks_dir(), help="tasks directory")
+    validate.add_argument("source", type=Path, nargs="?", help=source_help)
+    validate.add_argument("--tasks", type=Path, help=tasks_help)
+    validate.add_argument(
+        "--image-convention", choices=CONVENTIONS, default="auto", help=convention_help
+    )
+    validate.add_argument("--registry-prefix", default="", help="see `swerl data prepare`")
     validate.add_argument("--only", nargs="*", help="instance ids to validate (default: all)")
     validate.add_argument("--node", help="exec node address (default: an in-process node)")
     validate.add_argument("--token", help="bearer token of --node")

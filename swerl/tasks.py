@@ -1,13 +1,17 @@
-"""Task instances in SWE-bench format, read from a directory, and the Docker images they run in.
+"""Task instances in SWE-bench format, read from a directory or a rows file, and their images.
 
 A tasks directory holds one subdirectory per instance, named after its ``instance_id``:
 ``instance.json`` (the SWE-bench row as published, optionally with ``image_name`` and
-``eval_script``), a ``Dockerfile`` that builds the repository at ``base_commit`` into ``/testbed``
-from ``${BASE_IMAGE}``, and the patches as files (``gold.patch``, ``test.patch``, optionally
-``wrong.patch``). A row without ``eval_script`` is a classic SWE-bench row: Evaluate runs the
-script swebench builds for its ``repo``/``version``. A row without ``image_name`` runs in the
-image its dataset publishes (SWE-bench's naming rule). The bundled set
-lives in the repository's ``examples/tasks``; ``examples/tasks/README.md`` describes the format.
+``eval_script``), optionally a ``Dockerfile`` that builds the repository at ``base_commit`` into
+``/testbed`` from ``${BASE_IMAGE}`` (without one the image must be on the node already, as a
+published image is), and the patches as files (``gold.patch``, ``test.patch``, optionally
+``wrong.patch``). A rows file (SWE-bench / SWE-Gym rows as published: parquet, JSON or JSON
+lines, read as ``swerl eval`` reads them) gives tasks whose images are named as published and
+never built here (``load_task_source``). A row without ``eval_script`` is a classic SWE-bench
+row: Evaluate runs the script swebench builds for its ``repo``/``version``. A row without
+``image_name`` runs in the image its dataset publishes (swerl.data.naming: SWE-bench's rule in a
+tasks directory; a rows file's ``--image-convention``). The bundled set lives in the
+repository's ``examples/tasks``; ``examples/tasks/README.md`` describes the format.
 
 Loading needs nothing beyond the standard library; building images needs the Docker SDK (the
 ``node`` extra), imported only when ``build_images`` runs.
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swerl.data.naming import is_image_reference
+from swerl.data.naming import derived_image_name, is_image_reference
 
 if TYPE_CHECKING:
     import docker
@@ -70,11 +74,14 @@ class TaskInstance:
     """
 
     instance: dict[str, Any] = field(repr=False)
-    directory: Path
+    # The task directory; None for a task read from a rows file.
+    directory: Path | None
     image_name: str
     gold_patch: str = field(repr=False)
     test_patch: str = field(repr=False)
     wrong_patch: str | None = field(default=None, repr=False)
+    # Where a row-file task came from, "<file>: row <n> (<instance_id>)", for messages.
+    origin: str = ""
 
     @property
     def instance_id(self) -> str:
@@ -103,8 +110,18 @@ class TaskInstance:
         return list(self.instance.get("wrong_patch_breaks", []))
 
     @property
-    def dockerfile(self) -> Path:
+    def dockerfile(self) -> Path | None:
+        """The Dockerfile that builds the image; None when there is none (a published image)."""
+        if self.directory is None or not (self.directory / DOCKERFILE).is_file():
+            return None
         return self.directory / DOCKERFILE
+
+    @property
+    def where(self) -> str:
+        """The task's instance.json, or its row in a rows file, for messages."""
+        if self.directory is None:
+            return self.origin
+        return str(self.directory / INSTANCE_FILE)
 
 
 def default_tasks_dir() -> Path:
@@ -121,7 +138,8 @@ def load_tasks(root: Path) -> list[TaskInstance]:
 
     Raises TaskFormatError, naming the offending file, for anything a grader could trip over
     later: missing keys, test lists of the wrong shape, patch files that disagree with
-    instance.json, a directory named differently from its instance id, a missing Dockerfile.
+    instance.json, a directory named differently from its instance id. A Dockerfile is needed
+    only to build an image that is not present (build_images says so then).
     """
     root = Path(root)
     if not root.is_dir():
@@ -160,7 +178,7 @@ def load_task(directory: Path) -> TaskInstance:
         if not isinstance(instance.get(key, ""), str):
             raise TaskFormatError(f"{path}: {key!r} must be a string when given")
     if not str(instance.get("image_name") or "").strip():
-        instance["image_name"] = published_image_name(instance["instance_id"])
+        instance["image_name"] = derived_image_name(instance["instance_id"], "swe-bench")
     elif not is_image_reference(instance["image_name"]):
         raise TaskFormatError(
             f"{path}: 'image_name' {instance['image_name']!r} is not a Docker image reference"
@@ -193,9 +211,6 @@ def load_task(directory: Path) -> TaskInstance:
             raise TaskFormatError(
                 f"{path}: wrong_patch_breaks names tests not in PASS_TO_PASS: {sorted(unknown)}"
             )
-    if not (directory / DOCKERFILE).is_file():
-        raise TaskFormatError(f"{directory / DOCKERFILE}: missing; it builds the task image")
-
     return TaskInstance(
         instance=instance,
         directory=directory,
@@ -206,10 +221,53 @@ def load_task(directory: Path) -> TaskInstance:
     )
 
 
-def published_image_name(instance_id: str) -> str:
-    """SWE-bench's image for an instance: `__` becomes `_1776_`, lower-cased, tag `latest`."""
-    name = "docker.io/swebench/sweb.eval.x86_64." + instance_id.replace("__", "_1776_")
-    return name.lower() + ":latest"
+def load_task_source(
+    source: Path, *, convention: str = "auto", registry_prefix: str = ""
+) -> list[TaskInstance]:
+    """The tasks of a tasks directory (load_tasks) or of a rows file.
+
+    Rows are read, checked and named exactly as `swerl eval` reads them
+    (swerl.evaluation.dataset.load_instances: parquet, JSON, JSON lines, a saved dataset; test
+    lists as JSON text or lists; with or without eval_script; an explicit image_name wins, else
+    the image is named by `convention`'s rule). Any row that cannot be graded, or has no gold
+    patch, is a TaskFormatError naming the file, the row and the field.
+    """
+    source = Path(source)
+    if source.is_dir() and not (source / "dataset_info.json").exists():
+        return load_tasks(source)
+    from swerl.evaluation.dataset import load_instances
+
+    if not source.exists():
+        raise TaskFormatError(f"{source}: no such file or directory")
+    try:
+        loaded = load_instances(source, convention=convention, registry_prefix=registry_prefix)
+    except ValueError as exc:  # an unreadable file: DataSourceError, a line that is not JSON
+        raise TaskFormatError(" ".join(str(exc).split())) from None
+    if loaded.skipped:
+        counts = ", ".join(f"{reason} {n}" for reason, n in sorted(loaded.skipped.items()))
+        raise TaskFormatError(f"{loaded.first_problem} ({counts} rows cannot be graded)")
+    if not loaded.instances:
+        raise TaskFormatError(f"{source}: no rows in it")
+    tasks = []
+    for index, loaded_instance in enumerate(loaded.instances):
+        instance = dict(loaded_instance.instance)
+        origin = f"{source}: row {index} ({instance['instance_id']})"
+        gold = instance.get("patch")
+        if not isinstance(gold, str) or not gold.strip():
+            raise TaskFormatError(f"{origin}: patch (the gold patch) is empty or absent")
+        wrong = instance.get("wrong_patch")
+        tasks.append(
+            TaskInstance(
+                instance=instance,
+                directory=None,
+                image_name=instance["image_name"],
+                gold_patch=gold,
+                test_patch=instance["test_patch"],
+                wrong_patch=wrong if isinstance(wrong, str) and wrong.strip() else None,
+                origin=origin,
+            )
+        )
+    return tasks
 
 
 def _test_ids(path: Path, key: str, value: Any) -> list[str]:
@@ -250,7 +308,8 @@ def build_images(
 
     ``base_image`` is passed as the build argument BASE_IMAGE. An image already present is
     kept unless ``rebuild``; built or kept, every image is checked to hold ``base_commit`` at
-    HEAD of /testbed, and TaskImageError says which one does not.
+    HEAD of /testbed, and TaskImageError says which one does not. A task without a Dockerfile
+    (a published image, a row of a rows file) is never built: its image must be present.
     """
     import docker as docker_sdk
 
@@ -259,7 +318,14 @@ def build_images(
         images: dict[str, Image] = {}
         for number, task in enumerate(tasks, start=1):
             label = f"[{number}/{len(tasks)}] {task.image_name}"
-            image = None if rebuild else _present(client, task.image_name)
+            buildable = task.dockerfile is not None
+            image = None if rebuild and buildable else _present(client, task.image_name)
+            if image is None and not buildable:
+                raise TaskImageError(
+                    f"{task.where}: image {task.image_name} is not present on this node and the"
+                    f" task has no Dockerfile to build it from; pull it first"
+                    f" (docker pull {task.image_name})"
+                )
             if image is not None:
                 progress(f"{label}: present, not rebuilt")
             else:
@@ -274,6 +340,28 @@ def build_images(
             client.close()
 
 
+def require_images(
+    tasks: Sequence[TaskInstance], *, docker_client: docker.DockerClient | None = None
+) -> None:
+    """Raises TaskImageError, in one line naming the first task's row and image, unless the
+    local dockerd has every task's image (nothing is built or pulled)."""
+    import docker as docker_sdk
+
+    client = docker_client or docker_sdk.from_env()
+    try:
+        missing = [task for task in tasks if _present(client, task.image_name) is None]
+    finally:
+        if docker_client is None:
+            client.close()
+    if missing:
+        first = missing[0]
+        more = f" (and {len(missing) - 1} more tasks' images)" if len(missing) > 1 else ""
+        raise TaskImageError(
+            f"{first.where}: image {first.image_name} is not present on this node{more};"
+            f" pull it first (swerl images pull, or docker pull {first.image_name})"
+        )
+
+
 def _present(client: docker.DockerClient, name: str) -> Image | None:
     import docker as docker_sdk
 
@@ -285,6 +373,8 @@ def _present(client: docker.DockerClient, name: str) -> Image | None:
 
 def _build(client: docker.DockerClient, task: TaskInstance, base_image: str) -> Image:
     import docker as docker_sdk
+
+    assert task.directory is not None and task.dockerfile is not None  # build_images checked
 
     try:
         image, _log = client.images.build(
@@ -335,8 +425,13 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
     commits: list[str] = bytes(output).decode().split()
     head, parent = [*commits, "", ""][:2]
     if task.base_commit not in (head, parent):
+        remedy = (
+            "rebuild the image (`swerl tasks build --rebuild`)"
+            if task.dockerfile is not None
+            else "use the image published for this row"
+        )
         raise TaskImageError(
             f"{task.image_name}: /testbed is at {head or '(no commit)'}, which is neither "
-            f"base_commit {task.base_commit} of {task.directory / INSTANCE_FILE} nor one commit "
-            "above it; rebuild the image (`swerl tasks build --rebuild`) or correct base_commit"
+            f"base_commit {task.base_commit} of {task.where} nor one commit "
+            f"above it; {remedy} or correct base_commit"
         )

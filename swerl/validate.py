@@ -12,6 +12,12 @@ SWE-bench validates its own tasks:
 
 Anything unexpected makes the command exit non-zero. By default an exec node runs
 in-process on the local dockerd; `--node` points at a running one instead.
+
+Tasks come from a tasks directory or from a rows file of SWE-bench / SWE-Gym rows as published
+(swerl.tasks.load_task_source). A row's image is the one published for it (its image_name, else
+its dataset's naming rule) and is never built or pulled here: validation talks to one exec node,
+not to a pool that places pulls, so an image the node lacks is refused up front in one line
+naming the row and the image (`swerl images pull` or `docker pull` puts it there).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from dataclasses import dataclass
 import grpc
 
 from swerl.exec.v1 import evaluate_pb2 as pb
-from swerl.exec.v1 import evaluate_pb2_grpc
+from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from swerl.sweinstance import instance_to_pb
-from swerl.tasks import TaskInstance
+from swerl.tasks import TaskImageError, TaskInstance
 
 RESOLVED = (pb.EVALUATION_STATUS_RESOLVED_FULL, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)
 
@@ -182,6 +188,44 @@ def render(checks: Sequence[Check]) -> str:
     return "\n".join(lines)
 
 
+async def require_node_images(tasks: Sequence[TaskInstance], channel: grpc.aio.Channel) -> None:
+    """Raises TaskImageError, in one line naming the first task's row and image, unless the node
+    has every task's image (as its ListImages reports them)."""
+    from swerl.images.pull import canonical_image
+
+    stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+    listed = await stub.ListImages(sandbox_pb2.ListImagesRequest(), timeout=60)
+    present = {canonical_image(tag) for image in listed.images for tag in image.repo_tags}
+    missing = [task for task in tasks if canonical_image(task.image_name) not in present]
+    if missing:
+        first = missing[0]
+        more = f" (and {len(missing) - 1} more tasks' images)" if len(missing) > 1 else ""
+        raise TaskImageError(
+            f"{first.where}: image {first.image_name} is not present on the exec node{more};"
+            f" pull it there first (swerl images pull, or docker pull {first.image_name})"
+        )
+
+
+async def run_remote(
+    tasks: Sequence[TaskInstance],
+    *,
+    node: str,
+    token: str | None,
+    concurrency: int,
+    timeout_s: float,
+) -> list[Check]:
+    """Validates on a running exec node, which must hold every task's image."""
+    from swerl.chassis.client import make_channel
+
+    channel = make_channel(node, token=token)
+    try:
+        await require_node_images(tasks, channel)
+        stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
+        return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)
+    finally:
+        await channel.close()
+
+
 async def run_local(
     tasks: Sequence[TaskInstance],
     *,
@@ -190,12 +234,15 @@ async def run_local(
     concurrency: int,
     timeout_s: float,
 ) -> list[Check]:
-    """Builds the task images (unless told not to) and validates on an in-process node."""
+    """Builds the task images that have a Dockerfile (unless told not to; published images
+    are only checked for their base commit) and validates on an in-process node."""
     from swerl.exec.server import local_node
-    from swerl.tasks import build_images
+    from swerl.tasks import build_images, require_images
 
     if build:
         await asyncio.to_thread(build_images, tasks, base_image=base_image)
+    else:
+        await asyncio.to_thread(require_images, tasks)
     async with local_node("validate") as (_, channel):
         stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
         return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)

@@ -13,6 +13,12 @@ Best-of-n (`--branch-at K --branches N`): an episode writes one line per branch 
 branch ended in error (its answer is unknown), otherwise the answer of its first branch; the
 summary adds `pass_at_n` and the estimate `pass_at_1` (per instance, the share of its answered
 branches that resolved, averaged over the selected instances).
+
+A graded record also says how it was graded: the evaluation's network (`eval_network`: NONE,
+BRIDGE or HOST), the package index its install steps used (`eval_package_index`, empty for
+pip's default) and the report's warnings (`eval_warnings`: reason and message each, e.g. a
+NETWORK_STEP_FAILED of a task that needs network graded offline), taken from the report in the
+episode's artifacts/meta.json when the record is appended. summary.json counts them.
 """
 
 from __future__ import annotations
@@ -74,7 +80,9 @@ class OutputDir:
         }
 
     def append(self, *records: dict[str, Any]) -> None:
-        """Appends an episode's records (one, or one per branch) in one write."""
+        """Appends an episode's records (one, or one per branch) in one write, each with how it
+        was graded (evaluation_context)."""
+        records = tuple({**r, **evaluation_context(r)} for r in records)
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
         with (self.path / RESULTS_FILE).open("a", encoding="utf-8") as out:
             out.write(lines)
@@ -84,7 +92,12 @@ class OutputDir:
     def write_derived(self, selected: list[str], model: str, info: dict[str, Any]) -> dict:
         """Writes preds.jsonl and summary.json for the `selected` instances; returns the summary."""
         records = self.records()
-        chosen = [records[iid] for iid in selected if iid in records]
+        # Records written before they carried the evaluation's network get it here.
+        chosen = [
+            {**records[iid], **evaluation_context(records[iid])}
+            for iid in selected
+            if iid in records
+        ]
         with (self.path / PREDS_FILE).open("w", encoding="utf-8") as preds:
             for record in chosen:
                 if record["status"] in ERROR_STATUSES:
@@ -157,4 +170,48 @@ def summarize(records: list[dict[str, Any]], *, total: int) -> dict[str, Any]:
         "by_status": dict(sorted(by_status.items())),
         "by_eval_status": dict(sorted(by_eval.items())),
         "metrics_mean": {key: sums[key] / counts[key] for key in sorted(sums)},
+        **_evaluation_context_summary(records),
+    }
+
+
+def evaluation_context(record: dict[str, Any]) -> dict[str, Any]:
+    """`eval_network`, `eval_package_index` and `eval_warnings` of a graded record, from the
+    evaluation report its episode wrote to <artifact_dir>/meta.json; nothing when the record
+    has them already, was not graded, or its artifacts are not readable here (a remote agent's
+    host)."""
+    if "eval_network" in record or not record.get("eval_status") or not record.get("artifact_dir"):
+        return {}
+    try:
+        meta = json.loads((Path(record["artifact_dir"]) / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    report = meta.get("report") if isinstance(meta, dict) else None
+    if not isinstance(report, dict):
+        return {}
+    # meta.json holds the report as MessageToDict writes it: camelCase, defaults left out
+    # (an unset network is NETWORK_MODE_UNSPECIFIED, which the exec node treats as NONE).
+    network = str(report.get("network") or "NETWORK_MODE_NONE").removeprefix("NETWORK_MODE_")
+    warnings = [
+        {"reason": str(w.get("reason", "")), "message": str(w.get("message", ""))}
+        for w in report.get("warnings") or []
+        if isinstance(w, dict)
+    ]
+    return {
+        "eval_network": "NONE" if network == "UNSPECIFIED" else network,
+        "eval_package_index": str(report.get("packageIndex") or ""),
+        "eval_warnings": warnings,
+    }
+
+
+def _evaluation_context_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How the graded records were graded: networks, and warnings by reason."""
+    networks = Counter(r["eval_network"] for r in records if r.get("eval_network"))
+    indexes = Counter(r["eval_package_index"] for r in records if r.get("eval_package_index"))
+    warned = [r for r in records if r.get("eval_warnings")]
+    reasons = Counter(w["reason"] for r in warned for w in r["eval_warnings"])
+    return {
+        "by_eval_network": dict(sorted(networks.items())),
+        "by_eval_package_index": dict(sorted(indexes.items())),
+        "eval_warnings_by_reason": dict(sorted(reasons.items())),
+        "instances_with_eval_warnings": sorted(str(r["instance_id"]) for r in warned),
     }

@@ -234,4 +234,11 @@ def test_eval_runs_the_classic_row_end_to_end_and_prints_only_its_own_lines(
     (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert record["instance_id"] == official_task.instance_id
     assert record["eval_status"] == "RESOLVED_FULL" and record["reward"] == 1.0
+    # how it was graded: offline, and swebench's `pip install -e .` found no index
+    assert record["eval_network"] == "NONE"
+    warned = {w["reason"] for w in record["eval_warnings"]}
+    assert warned & {"INSTALL_STEP_FAILED", "NETWORK_STEP_FAILED"}, record["eval_warnings"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["by_eval_network"] == {"NONE": 1}
+    assert summary["instances_with_eval_warnings"] == [official_task.instance_id]
     assert not [line for line in output.splitlines() if any(f in line for f in FOREIGN)]

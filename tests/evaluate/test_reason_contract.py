@@ -1,5 +1,5 @@
-"""Every ErrorInfo / report reason the protos document is one the code sends, and the exec node
-sends none its protos leave out.
+"""Every ErrorInfo / report reason the protos document is one the code sends, and every service
+sends none its protos leave out: both directions, for each of the four services.
 
 Documented reasons are the UPPER_SNAKE words in the protos' comments that are not enum values
 (with or without their enum's prefix), gRPC code names, or the few other words listed in
@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = sorted((ROOT / "protos").rglob("*.proto"))
@@ -35,6 +36,29 @@ _WORD = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
 _REASON = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
 
 
+# Each service: the protos whose reasons it may send (its own, then those of the services whose
+# reasons it passes on: the pool answers with its nodes' reasons, the agent builds evaluation
+# reports and relays the pool's), and the code it runs (its package and the chassis).
+SERVICE_PROTOS: dict[str, tuple[str, ...]] = {
+    "exec": ("exec",),
+    "pool": ("pool", "exec"),
+    "agent": ("agent", "exec", "pool"),
+    "prm": ("prm",),
+}
+# The chassis' auth errors are every service's; lease capability tokens only the exec node's.
+CHASSIS_CODE = [ROOT / "swerl" / "chassis" / "errors.py"]
+EXEC_ONLY_CHASSIS_CODE = [ROOT / "swerl" / "chassis" / "capability.py"]
+
+
+def service_protos(*services: str) -> list[Path]:
+    return [p for p in PROTOS if p.parent.parent.name in services]
+
+
+def service_code(service: str) -> list[Path]:
+    extra = EXEC_ONLY_CHASSIS_CODE if service == "exec" else []
+    return [*(ROOT / "services" / service).rglob("*.py"), *CHASSIS_CODE, *extra]
+
+
 def _enum_values(text: str) -> set[str]:
     values: set[str] = set()
     for match in re.finditer(r"enum (\w+) \{(.*?)\}", text, re.DOTALL):
@@ -44,10 +68,14 @@ def _enum_values(text: str) -> set[str]:
     return values
 
 
-def documented_reasons(protos: Iterable[Path]) -> dict[str, str]:
-    """Reason -> the proto that names it."""
+def documented_reasons(protos: Iterable[Path], *, with_enum_values: bool = False) -> dict[str, str]:
+    """Reason -> the proto that names it. With `with_enum_values`, words that are also enum
+    values count too (the agent's error_reason SANDBOX_BROKEN is its EpisodeStatus's name)."""
     texts = {proto: proto.read_text() for proto in protos}
-    enum_values = set().union(*(_enum_values(text) for text in texts.values()))
+    enum_values: set[str] = set()
+    if not with_enum_values:
+        # Every proto's enums: a comment may name another package's enum value.
+        enum_values = set().union(*(_enum_values(proto.read_text()) for proto in PROTOS))
     found: dict[str, str] = {}
     for proto, text in texts.items():
         for line in text.splitlines():
@@ -141,15 +169,45 @@ def test_every_reason_a_proto_documents_is_one_the_code_sends():
     assert not missing, f"documented in the protos but never sent by the code: {missing}"
 
 
-def test_every_reason_the_exec_node_sends_is_documented_in_its_protos():
-    documented = documented_reasons(EXEC_PROTOS)
-    sent = sent_reasons(_sources(EXEC_CODE))
-    undocumented = {
+def undocumented_reasons(service: str) -> dict[str, str]:
+    """Reasons `service`'s code sends that none of its protos names."""
+    documented = documented_reasons(service_protos(*SERVICE_PROTOS[service]), with_enum_values=True)
+    sent = sent_reasons(_sources(service_code(service)))
+    return {
         reason: path
         for reason, path in sent.items()
         if reason not in documented and reason not in GRPC_CODES
     }
-    assert not undocumented, f"sent by the exec node but not in its protos: {undocumented}"
+
+
+def unsent_reasons(service: str) -> dict[str, str]:
+    """Reasons `service`'s own protos document that neither it nor a service it relays sends."""
+    documented = documented_reasons(service_protos(service))
+    code = [path for name in SERVICE_PROTOS[service] for path in service_code(name)]
+    sent = sent_reasons(_sources(code))
+    return {reason: proto for reason, proto in documented.items() if reason not in sent}
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_PROTOS))
+def test_every_reason_a_service_sends_is_documented_in_its_protos(service):
+    undocumented = undocumented_reasons(service)
+    assert not undocumented, f"sent by the {service} service but not in its protos: {undocumented}"
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_PROTOS))
+def test_every_reason_a_service_proto_documents_is_sent_by_that_service(service):
+    unsent = unsent_reasons(service)
+    assert not unsent, f"documented for the {service} service but never sent: {unsent}"
+
+
+def test_a_reason_sent_but_documented_in_no_proto_is_caught():
+    sources = _sources(service_code("prm"))
+    errors = "services/prm/errors.py"
+    sources[errors] += '\n\nclass Invented(Exception):\n    reason = "INVENTED_REASON"\n'
+    documented = documented_reasons(service_protos("prm"), with_enum_values=True)
+    assert "INVENTED_REASON" in sent_reasons(sources)
+    assert "INVENTED_REASON" not in documented
+    assert "ISSUE_MISSING" in documented
 
 
 def test_removing_a_documented_reason_from_the_code_is_caught():

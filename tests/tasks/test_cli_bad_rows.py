@@ -145,11 +145,16 @@ def _rows_commands(path: Path, tmp_path: Path) -> dict[str, list[str]]:
             str(tmp_path / "o"),
         ],
         "data prepare": ["data", "prepare", str(path), "--out", str(tmp_path / "prepared")],
+        "validate": ["validate", str(path)],
+        "tasks build": ["tasks", "build", str(path)],
     }
 
 
+ROWS_COMMANDS = ["eval", "data prepare", "validate", "tasks build"]
+
+
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
-@pytest.mark.parametrize("command", ["eval", "data prepare"])
+@pytest.mark.parametrize("command", ROWS_COMMANDS)
 @pytest.mark.parametrize("bad", sorted(BAD_ROWS))
 def test_a_bad_raw_row_is_one_line_naming_source_row_and_field(
     tmp_path, capsys, command, suffix, bad
@@ -162,7 +167,7 @@ def test_a_bad_raw_row_is_one_line_naming_source_row_and_field(
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
-@pytest.mark.parametrize("command", ["eval", "data prepare"])
+@pytest.mark.parametrize("command", ROWS_COMMANDS)
 def test_a_file_that_is_not_rows_at_all_is_one_line(tmp_path, capsys, command, suffix):
     path = tmp_path / f"rows{suffix}"
     path.write_text('{"instance_id": "a__b-1", oops\n')
@@ -171,7 +176,7 @@ def test_a_file_that_is_not_rows_at_all_is_one_line(tmp_path, capsys, command, s
     assert str(path) in line
 
 
-@pytest.mark.parametrize("command", ["eval", "data prepare"])
+@pytest.mark.parametrize("command", ROWS_COMMANDS)
 def test_a_missing_rows_file_is_one_line(tmp_path, capsys, command):
     missing = tmp_path / "nowhere" / "rows.jsonl"
     code = main(_rows_commands(missing, tmp_path)[command])

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -270,11 +271,19 @@ def test_loader_rejects_wrong_patch_breaks_outside_pass_to_pass(tmp_path):
         load_tasks(directory.parent)
 
 
-def test_loader_rejects_a_task_without_dockerfile(tmp_path):
+@pytest.mark.docker
+def test_a_task_without_dockerfile_loads_and_building_its_absent_image_is_one_line(tmp_path):
+    # A published image needs no Dockerfile; only an image that must be built does.
     directory = _copy_task(tmp_path)
     (directory / "Dockerfile").unlink()
-    with pytest.raises(TaskFormatError, match="Dockerfile: missing"):
-        load_tasks(directory.parent)
+    (task,) = load_tasks(directory.parent)
+    assert task.dockerfile is None
+    absent = replace(task, image_name="swerl-test/never-built-here:latest")
+    with pytest.raises(TaskImageError) as info:
+        build_images([absent], base_image="swerl-base:bookworm", progress=lambda _line: None)
+    message = str(info.value)
+    assert str(directory / "instance.json") in message and "\n" not in message
+    assert "swerl-test/never-built-here:latest is not present" in message
 
 
 def test_loader_rejects_a_missing_tasks_directory(tmp_path):

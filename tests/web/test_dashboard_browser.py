@@ -15,7 +15,13 @@ import pytest
 from aiohttp import web
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from web_testkit import TOKENIZER_DIR, console_errors, run_episode, start_message
+from web_testkit import (
+    TOKENIZER_DIR,
+    console_errors,
+    run_episode,
+    save_screenshot,
+    start_message,
+)
 
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent
@@ -148,7 +154,7 @@ def _watch_dashboard(browser, url: str, token: str, screenshots, done) -> dict:
                 if not seen["phases"] or seen["phases"][-1] != cells[4]:
                     seen["phases"].append(cells[4])
                 if not shot and cells[4] == "COMMAND":
-                    browser.save_screenshot(str(screenshots / "dashboard.png"))
+                    save_screenshot(browser, screenshots / "dashboard-running.png")
                     shot = True
         if done() and len(seen["phases"]) > 1:
             break
@@ -157,8 +163,22 @@ def _watch_dashboard(browser, url: str, token: str, screenshots, done) -> dict:
     seen["same_page"] = browser.execute_script("return window.swerlLoadedAt") == loaded_at
     seen["errors"] = console_errors(browser)
     if not shot:
-        browser.save_screenshot(str(screenshots / "dashboard.png"))
+        save_screenshot(browser, screenshots / "dashboard-running.png")
     return seen
+
+
+_REWARD_POINTS = """
+const chart = document.getElementById("chart-reward");
+return chart && chart.data ? chart.data[0].y.filter(v => v !== null).length : 0;
+"""
+
+
+def _shoot_with_rewards(browser, screenshots) -> int:
+    """Waits until the page's mean-reward chart has drawn a few points of the ended episode,
+    then saves dashboard.png (the picture docs/images/dashboard.png is made from)."""
+    WebDriverWait(browser, 30).until(lambda b: b.execute_script(_REWARD_POINTS) >= 6)
+    save_screenshot(browser, screenshots / "dashboard.png")
+    return int(browser.execute_script(_REWARD_POINTS))
 
 
 def _state_after_the_episode(page: str, token: str) -> dict:
@@ -202,11 +222,13 @@ async def test_dashboard_shows_the_node_and_a_running_episodes_phase_changing(
                 )
                 result = await episode
                 state = await asyncio.to_thread(_state_after_the_episode, page, stack.token)
+                reward_points = await asyncio.to_thread(_shoot_with_rewards, browser, screenshots)
             finally:
                 await channel.close()
     # the charts' figures: one episode ended in the last minute, with reward +1
     assert state["history"][-1]["ended_per_min"] == 1
     assert state["history"][-1]["mean_reward"] == 1.0
+    assert reward_points >= 6  # the picture's reward chart has data
     assert state["agents"][0]["finished"][0]["episode_id"] == "dash-0"
     assert result.status == pb.EPISODE_STATUS_SUBMITTED
     node_id = stack.nodes[0].settings.node_id

@@ -16,7 +16,7 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
-from web_testkit import Served, console_errors
+from web_testkit import Served, console_errors, save_screenshot
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +72,7 @@ def test_list_shows_every_episode_with_its_status_and_reward(
         assert int(row["tokens"]) > 0 and int(row["turns"]) > 0
     rewards = sorted(float(r["reward"]) for r in rows)
     assert rewards == [-1.0, -1.0] + [1.0] * 6
-    browser.save_screenshot(str(screenshots / "inspect-list.png"))
+    save_screenshot(browser, screenshots / "inspect-list.png")
     assert console_errors(browser) == []
 
 
@@ -87,7 +87,7 @@ def test_filtering_to_reward_minus_one_shows_only_the_wrong_patch_episodes(
     assert all("__wrong-" in r["key"] for r in rows)
     assert all(r["reward"] == "-1.0" for r in rows)
     assert "reward=-1" in browser.current_url
-    browser.save_screenshot(str(screenshots / "inspect-filtered.png"))
+    save_screenshot(browser, screenshots / "inspect-filtered.png")
     # sorting keeps the filter
     _click_and_wait(browser, browser.find_element(By.LINK_TEXT, "instance ▲"))
     assert len(_rows(browser)) == 2 and "reward=-1" in browser.current_url
@@ -139,7 +139,7 @@ def test_episode_page_shows_problem_turns_patch_and_report_per_test(
     assert len(tests) == expected
     groups = {t.find_elements(By.TAG_NAME, "td")[0].text for t in tests}
     assert groups == {"FAIL_TO_PASS", "PASS_TO_PASS"}
-    browser.save_screenshot(str(screenshots / "inspect-episode.png"))
+    save_screenshot(browser, screenshots / "inspect-episode.png")
     assert console_errors(browser) == []
 
 
@@ -175,7 +175,7 @@ def test_token_view_of_a_gold_episode_marks_exactly_the_policy_tokens(
     # decoded text, not ids: the first turn's response is there
     text = browser.find_element(By.CSS_SELECTOR, ".tokens.response").text
     assert traj["steps"][0]["action"] in text
-    browser.save_screenshot(str(screenshots / "inspect-tokens.png"))
+    save_screenshot(browser, screenshots / "inspect-tokens.png")
     assert console_errors(browser) == []
 
 
@@ -195,7 +195,7 @@ def test_dynamic_history_episode_shows_one_record_per_turn(real_run, browser, sc
             assert len(trained) == sum(turn["loss_mask"]) == len(turn["response_ids"])
         # no context was trimmed in this short episode
         assert browser.find_elements(By.CSS_SELECTOR, ".trim-marker") == []
-        browser.save_screenshot(str(screenshots / "inspect-dynamic.png"))
+        save_screenshot(browser, screenshots / "inspect-dynamic.png")
     finally:
         served.stop()
 
@@ -291,7 +291,7 @@ def test_a_run_of_thousands_of_episodes_is_indexed_once_and_paged(
         last = browser.find_elements(By.CSS_SELECTOR, "tr.episode")
         assert len(last) == 50 and not first_page_keys & {r.get_attribute("data-key") for r in last}
         assert browser.find_elements(By.ID, "next") == []
-        browser.save_screenshot(str(screenshots / "inspect-3000.png"))
+        save_screenshot(browser, screenshots / "inspect-3000.png")
     finally:
         served.stop()
 
@@ -430,6 +430,6 @@ def test_real_trimmed_episodes_show_where_the_context_was_trimmed(
         ]
         assert flagged == expected and flagged
         browser.execute_script("arguments[0].scrollIntoView()", sections[flagged[0]])
-        browser.save_screenshot(str(screenshots / "inspect-trimmed.png"))
+        save_screenshot(browser, screenshots / "inspect-trimmed.png")
     finally:
         served.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from selenium import webdriver
 
@@ -85,3 +86,12 @@ class Served:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def save_screenshot(driver: webdriver.Chrome, path: Path) -> Path:
+    """Saves the page as PNG at `path`; a screenshot chromium did not write fails the test
+    (selenium's save_screenshot only returns False), so a run's pictures are never silently
+    missing."""
+    assert driver.save_screenshot(str(path)), f"chromium did not save the screenshot {path}"
+    assert path.stat().st_size > 0, path
+    return path
