@@ -225,6 +225,29 @@ def _unblock_fifo(path: Path) -> None:
         os.close(os.open(path, os.O_RDWR | os.O_NONBLOCK))
 
 
+async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[str, Path]) -> None:
+    """Ends the FIFO opens of a shell that will not start and closes what they opened.
+
+    Each FIFO still being opened gets a peer held open (O_RDWR) until its open has returned:
+    an open still queued on the default executor (every worker busy, e.g. three opens per
+    starting shell and six workers on a 2-core node) calls os.open only later, and a peer
+    opened and closed at once before that left it blocked for good (and the FIFO's name is
+    removed with the sandbox's I/O dir, so nothing could open it again)."""
+    peers: list[int] = []
+    try:
+        for key, task in opens.items():
+            if not task.done():
+                with contextlib.suppress(OSError):
+                    peers.append(os.open(names[key], os.O_RDWR | os.O_NONBLOCK))
+        await asyncio.wait(opens.values())
+    finally:
+        for fd in peers:
+            os.close(fd)
+        for task in opens.values():
+            if task.done() and not task.cancelled() and task.exception() is None:
+                os.close(task.result())
+
+
 class Supervisor:
     """One `bash --login -s` in the container, fed supervisor.sh, on FIFOs of the I/O dir."""
 
@@ -316,12 +339,9 @@ class Supervisor:
                 sup.close()
             else:
                 os.close(fd_life)
-                for key, task in opens.items():
-                    if not task.done():
-                        _unblock_fifo(names[key])
-                for task in opens.values():
-                    with contextlib.suppress(BaseException):
-                        os.close(await asyncio.shield(task))
+                # Shielded: a second cancel (a loop shutting down) must not leave one behind.
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(_close_opens(opens, names))
             if not isinstance(exc, (TimeoutError, asyncio.TimeoutError, OSError, EOFError)):
                 raise
             raise ShellUnavailable(
