@@ -147,14 +147,14 @@ __swerl_worker() {
 
 # C2, C6. Workers take commands in the order they were forked (see the batons above): the supervisor
 # waits for exactly the oldest one (bash keeps the status of a child that already ended, so a
-# fast command cannot be missed; under job control a worker that was stopped counts as ended,
+# fast command cannot be missed; under job control a worker that is stopped counts as ended,
 # 128 + SIGSTOP), kills what is left of its process group, reports, and forks a replacement
 # while the node is busy with the result. What a command may have stopped or killed of the
 # machinery is put right after its E: the next worker and the watchdog get SIGCONT, and a dead
 # watchdog is forked again (one kill(2) each, off the critical path).
 __swerl_loop() {
   # Names start with __ so commands (forked from here) neither see nor save them as their own.
-  local __rc __cur __next __even=1 __t __tasks __alone=0
+  local __rc __cur __next __even=1 __t __tasks __alone=0 __st
   # After most commands their process group is empty, and killing an empty group is not free
   # here: bash's error path writes to pages the workers share, a copy-on-write fault each (~0.15
   # ms a command). When the container held nothing but init, its main process, this shell and
@@ -172,6 +172,18 @@ __swerl_loop() {
   while :; do
     wait "$__cur" 2>/dev/null
     __rc=$?
+    # A 147 can be stale. After a command stopped every process, this loop continued the next
+    # worker (below), but bash learns that a child continued only once the child has run again,
+    # and until then `wait` reports the old stop at once. Killing that worker would lose the next
+    # command's line (the worker after it never gets its baton). So a worker counts as stopped
+    # only while the kernel shows it stopped (T, t); otherwise wait again, a millisecond later.
+    while [ "$__rc" = 147 ] && read -r __st 2>&5 <"/proc/$__cur/stat"; do
+      __st=${__st##*) }
+      case ${__st%% *} in T | t) break ;; esac
+      read -r -t 0.001 __st 2>&5 <>"$__swerl_ctl"
+      wait "$__cur" 2>/dev/null
+      __rc=$?
+    done
     if [ "$__alone" = 0 ] || ! [ -d "/proc/$__next" ] || ! read -r __tasks <"$__swerl_pids_file" ||
       [ "$__tasks" != "$__alone" ]; then
       kill -KILL -- "-$__cur" 2>/dev/null

@@ -18,11 +18,13 @@ from swerl.exec.v1 import sandbox_pb2 as pb
 
 
 def _fork_images() -> dict[str, str]:
-    """checkpoint id -> image id of every fork image on the shared dockerd."""
+    """checkpoint id -> image id of every fork image on the shared dockerd. One list call, no
+    inspect per image: `images.list` inspects each listed image, and one that another node on
+    the shared dockerd removes in between fails the whole listing (ImageNotFound)."""
     client = docker.from_env()
     try:
-        images = client.images.list(filters={"label": "swerl.checkpoint_id"})
-        return {image.labels["swerl.checkpoint_id"]: image.id for image in images}
+        images = client.api.images(filters={"label": "swerl.checkpoint_id"})
+        return {image["Labels"]["swerl.checkpoint_id"]: image["Id"] for image in images}
     finally:
         client.close()
 
