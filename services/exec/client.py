@@ -72,7 +72,18 @@ async def collect(responses: AsyncIterator[pb.ExecResponse]) -> ExecResult:
             out[response.output.stream] += response.output.data
         elif kind == "exit":
             return _result(response.exit, out)
-    raise RuntimeError("Exec stream ended without an exit message")
+    raise _ended_without_exit("Exec stream")
+
+
+def _ended_without_exit(what: str) -> grpc.aio.AioRpcError:
+    # A call the node ended cleanly before the command's exit (the node stopping, say) is a
+    # transport failure to the caller like any other, not a bug in the caller: UNAVAILABLE.
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(),
+        f"{what} ended without an exit message",
+    )
 
 
 def _result(e: pb.ExecExit, out: Mapping[pb.OutputStream, bytearray]) -> ExecResult:
@@ -235,7 +246,7 @@ class CommandStream:
         while True:
             read = await call.read()
             if read is grpc.aio.EOF:
-                raise RuntimeError("ExecCommands call ended without an exit message")
+                raise _ended_without_exit("ExecCommands call")
             message = cast(pb.ExecCommandsResponse, read)
             kind = message.WhichOneof("kind")
             if kind == "output":
