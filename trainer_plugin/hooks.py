@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -118,6 +118,40 @@ async def _generate_alone(
     params = copy.deepcopy(dict(sampling_params))
     spec = ReplaySpec.for_call(args, params, evaluation)
     episode_id = new_episode_id(sample)
+    outcome = await _run_one_episode(
+        args,
+        sample,
+        params,
+        settings,
+        episode_id=episode_id,
+        per_turn=per_turn,
+        evaluation=evaluation,
+        spec=spec,
+        aborted=lambda: framework.abort_requested(framework_name, state),
+    )
+    decode = _decoder(settings, framework_name, state)
+    # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
+    return await asyncio.to_thread(
+        convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode, spec=spec
+    )
+
+
+async def _run_one_episode(
+    args: Any,
+    sample: Any,
+    params: dict[str, Any],
+    settings: PluginSettings,
+    *,
+    episode_id: str,
+    per_turn: bool,
+    evaluation: bool,
+    spec: ReplaySpec,
+    aborted: Callable[[], bool],
+    branch: tuple[int, int] | None = None,
+) -> EpisodeOutcome:
+    """Builds the start message (a row that cannot be one is an INVALID_INSTANCE outcome), adds
+    its image to the prefetcher, runs the episode (branching at `branch` = (at_turn, count)
+    when given) and checks the outcome against what the trainer asked for."""
     try:
         start = build_start(
             args,
@@ -137,23 +171,16 @@ async def _generate_alone(
             failure_message=str(err),
         )
     else:
+        if branch is not None:
+            start.options.branch.at_turn, start.options.branch.count = branch
         found = prefetcher(settings)
         if found is not None:
             found.add(start.instance.image_name)
-        outcome = await run_episode(
-            start,
-            agent_directory(settings),
-            settings,
-            lambda: framework.abort_requested(framework_name, state),
-        )
+        outcome = await run_episode(start, agent_directory(settings), settings, aborted)
     _log_outcome(outcome)
     if spec.routed_experts:
         check_routing_replay(outcome)
-    decode = _decoder(settings, framework_name, state)
-    # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
-    return await asyncio.to_thread(
-        convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode, spec=spec
-    )
+    return outcome
 
 
 # -- branching rollouts (branching.py) -------------------------------------------------------
@@ -287,41 +314,25 @@ async def _run_branched(
     spec = ReplaySpec.for_call(args, leader.sampling_params, evaluation)
     episode_id = new_episode_id(leader.sample)
     at_turn = settings.branch_at_turn
-    try:
-        start = build_start(
-            args,
-            leader.sample,
-            leader.sampling_params,
-            settings,
-            episode_id=episode_id,
-            per_turn=per_turn,
-            evaluation=evaluation,
-            spec=spec,
-        )
-    except InstanceError as err:
-        outcome = EpisodeOutcome(
-            episode_id=episode_id,
-            address="",
-            failure_reason=INVALID_INSTANCE,
-            failure_message=str(err),
-        )
-    else:
-        start.options.branch.at_turn = at_turn
-        start.options.branch.count = len(members)
-        found = prefetcher(settings)
-        if found is not None:
-            found.add(start.instance.image_name)
-        _log.info(
-            "branch.group_started",
-            episode_id=episode_id,
-            group_index=getattr(leader.sample, "group_index", None),
-            branches=len(members),
-            at_turn=at_turn,
-        )
-        outcome = await run_episode(start, agent_directory(settings), settings, aborted)
-    _log_outcome(outcome)
-    if spec.routed_experts:
-        check_routing_replay(outcome)
+    _log.info(
+        "branch.group_started",
+        episode_id=episode_id,
+        group_index=getattr(leader.sample, "group_index", None),
+        branches=len(members),
+        at_turn=at_turn,
+    )
+    outcome = await _run_one_episode(
+        args,
+        leader.sample,
+        leader.sampling_params,
+        settings,
+        episode_id=episode_id,
+        per_turn=per_turn,
+        evaluation=evaluation,
+        spec=spec,
+        aborted=aborted,
+        branch=(at_turn, len(members)),
+    )
     splits = branching.split_outcome(outcome, len(members))
     decode = _decoder(settings, framework_name, state)
     branched = any(r.HasField("branch") for r in outcome.results)
