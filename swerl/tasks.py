@@ -354,12 +354,17 @@ def require_images(
         if docker_client is None:
             client.close()
     if missing:
-        first = missing[0]
-        more = f" (and {len(missing) - 1} more tasks' images)" if len(missing) > 1 else ""
-        raise TaskImageError(
-            f"{first.where}: image {first.image_name} is not present on this node{more};"
-            f" pull it first (swerl images pull, or docker pull {first.image_name})"
-        )
+        raise images_missing(missing, "this node")
+
+
+def images_missing(missing: list[TaskInstance], where: str) -> TaskImageError:
+    """One line naming the first task (its row) whose image `where` lacks, and how many more."""
+    first = missing[0]
+    more = f" (and {len(missing) - 1} more tasks' images)" if len(missing) > 1 else ""
+    return TaskImageError(
+        f"{first.where}: image {first.image_name} is not present on {where}{more};"
+        f" pull it there first (swerl images pull, or docker pull {first.image_name})"
+    )
 
 
 def _present(client: docker.DockerClient, name: str) -> Image | None:

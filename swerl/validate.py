@@ -33,7 +33,7 @@ import grpc
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from swerl.sweinstance import instance_to_pb
-from swerl.tasks import TaskImageError, TaskInstance
+from swerl.tasks import TaskInstance, images_missing
 
 RESOLVED = (pb.EVALUATION_STATUS_RESOLVED_FULL, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)
 
@@ -198,12 +198,7 @@ async def require_node_images(tasks: Sequence[TaskInstance], channel: grpc.aio.C
     present = {canonical_image(tag) for image in listed.images for tag in image.repo_tags}
     missing = [task for task in tasks if canonical_image(task.image_name) not in present]
     if missing:
-        first = missing[0]
-        more = f" (and {len(missing) - 1} more tasks' images)" if len(missing) > 1 else ""
-        raise TaskImageError(
-            f"{first.where}: image {first.image_name} is not present on the exec node{more};"
-            f" pull it there first (swerl images pull, or docker pull {first.image_name})"
-        )
+        raise images_missing(missing, "the exec node")
 
 
 async def run_remote(
