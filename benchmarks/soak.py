@@ -162,6 +162,7 @@ class Soak:
         self.done = 0
         self.t0 = 0.0
         self.memory_before: dict[str, int] = {}
+        self.faults_over = asyncio.Event()  # every planned fault injected (or given up)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -221,14 +222,28 @@ class Soak:
         for episode in self.episodes:
             queue.put_nowait(episode)
 
+        # The last fifth of the episodes starts only once every planned fault was injected
+        # (faults fall in the first 60%): on a fast machine the episodes could otherwise all
+        # end before the last faults, which then hit nothing.
+        held_from = len(self.episodes) * 8 // 10
+
         async def worker() -> None:
             while not queue.empty():
-                await self.run_episode(queue.get_nowait())
+                episode = queue.get_nowait()
+                if episode.index >= held_from:
+                    await self.faults_over.wait()
+                await self.run_episode(episode)
 
         await asyncio.gather(*(worker() for _ in range(self.args.concurrency)))
 
     # -- faults ---------------------------------------------------------------------------
     async def inject_faults(self) -> None:
+        try:
+            await self._inject_planned_faults()
+        finally:
+            self.faults_over.set()
+
+    async def _inject_planned_faults(self) -> None:
         for fault in self.faults:
             while self.done < fault.at_done and self.done < len(self.episodes):  # noqa: ASYNC110 - polls a counter, bounded by the run
                 await asyncio.sleep(0.1)

@@ -291,7 +291,14 @@ def pull_events(docker_host: str, since: float, until: float) -> list[dict]:
         events = client.api.events(
             since=int(since), until=int(until) + 1, filters={"type": "image"}, decode=True
         )
-        return [e for e in events if e.get("Action") == "pull"]
+        # dockerd's `since`/`until` are whole seconds: a pull of the second before `since` (the
+        # previous test's, say) comes back too, so the window is applied to timeNano as well.
+        low, high = int(since * 1e9), int(until * 1e9)
+        return [
+            e
+            for e in events
+            if e.get("Action") == "pull" and low <= int(e.get("timeNano", 0)) <= high
+        ]
     finally:
         client.close()
 
