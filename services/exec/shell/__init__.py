@@ -21,6 +21,7 @@ and `run` (CommandRun, which knows its session only as the `RunShell` protocol).
 
 from __future__ import annotations
 
+from swerl.exec.outcome import Exit
 from swerl.exec.shell.run import (
     BACKSTOP_GRACE_S,
     GIVE_UP_S,
@@ -31,7 +32,7 @@ from swerl.exec.shell.run import (
     RunShell,
 )
 from swerl.exec.shell.session import MAX_RESTARTS, RESTART_WINDOW_S, SandboxShell
-from swerl.exec.shell.spec import SIGNALS, CommandSpec, Event, Exit, Output, Started
+from swerl.exec.shell.spec import SIGNALS, CommandSpec, Event, Output, Started
 from swerl.exec.shell.supervisor import READ_CHUNK, READY_TIMEOUT_S, SUPERVISOR_SCRIPT, Supervisor
 from swerl.exec.shell.wire import (
     CONTAINER_IO_DIR,

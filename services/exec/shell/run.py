@@ -21,8 +21,9 @@ from typing import Any, Protocol
 import structlog
 
 from swerl.exec.errors import CwdNotFound
+from swerl.exec.outcome import Exit
 from swerl.exec.output import OutputCap
-from swerl.exec.shell.spec import CommandSpec, Event, Exit, Output, Started
+from swerl.exec.shell.spec import CommandSpec, Event, Output, Started
 from swerl.exec.shell.supervisor import Supervisor
 from swerl.exec.shell.wire import (
     CONTAINER_IO_DIR,

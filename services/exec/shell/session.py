@@ -24,9 +24,10 @@ from swerl.exec.errors import (
     SandboxNotRunning,
     ShellUnavailable,
 )
+from swerl.exec.outcome import Exit
 from swerl.exec.output import STDERR, STDOUT
 from swerl.exec.shell.run import CommandRun
-from swerl.exec.shell.spec import CommandSpec, Exit, Output
+from swerl.exec.shell.spec import CommandSpec, Output
 from swerl.exec.shell.supervisor import Supervisor
 
 log = structlog.get_logger(__name__)

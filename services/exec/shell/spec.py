@@ -1,9 +1,12 @@
-"""What a command is (`CommandSpec`) and what comes back from it (`Started`, `Output`, `Exit`)."""
+"""What a command is (`CommandSpec`) and what comes back from it (`Started`, `Output`, `Exit`,
+the last defined with the client's result in swerl.exec.outcome)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from swerl.exec.outcome import Exit
 
 # The signals a caller can send a running command (names for `kill -s`).
 SIGNALS = ("INT", "TERM", "KILL")
@@ -14,8 +17,10 @@ class CommandSpec:
     command: str
     cwd: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 180.0
-    max_output_bytes: int = 1 << 20
+    # Zero: the node's default (ExecSettings), filled in by swerl.exec.commands.with_node_defaults
+    # before a command reaches the shell.
+    timeout_s: float = 0.0
+    max_output_bytes: int = 0
     session: bool = False
     open_stdin: bool = False
     notify_started: bool = False
@@ -30,19 +35,6 @@ class Started:
 class Output:
     stream: int  # STDOUT | STDERR
     data: bytes
-
-
-@dataclass(frozen=True)
-class Exit:
-    exit_code: int
-    timed_out: bool
-    output_truncated: bool
-    bytes_dropped: int
-    duration_s: float
-    signaled: bool
-    # The sandbox's container had stopped (a command killed every process) and was started
-    # again, filesystem intact, before this command ran.
-    sandbox_restarted: bool = False
 
 
 Event = Started | Output | Exit
