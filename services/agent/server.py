@@ -2,7 +2,7 @@
 
 In-process, for tests and tools:
 
-    async with local_stack(nodes=1) as stack:                 # swerl.pool.server
+    async with local_stack(nodes=1) as stack:                 # swerl.stack
         async with local_agent(stack.pool_address, stack.token) as agent:
             stub = AgentServiceStub(make_channel(agent.address, token=stack.token))
 """
