@@ -12,25 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from swerl.chassis.logging import configure_logging, quiet_foreign_libraries
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
 from swerl.tasks import TaskFormatError, TaskImageError, TaskInstance
-
-
-def _exec_serve(args: argparse.Namespace) -> int:
-    from swerl.exec.server import ExecNode
-    from swerl.exec.settings import ExecSettings
-
-    settings = settings_from_args(ExecSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
-
-    async def main() -> None:
-        node = ExecNode(settings)
-        port = await node.start()
-        print(f"swerl exec node {settings.node_id} serving on {settings.host}:{port}", flush=True)
-        await node.serve_until_signal()
-
-    asyncio.run(main())
-    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -136,13 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
     services = parser.add_subparsers(dest="service", required=True)
 
-    exec_parser = services.add_parser("exec", help="the exec node of a Docker host")
-    exec_cmds = exec_parser.add_subparsers(dest="command", required=True)
-    from swerl.exec.settings import ExecSettings
-
-    serve = exec_cmds.add_parser("serve", help="serve SandboxService on the local dockerd")
-    add_settings_arguments(serve, ExecSettings)
-    serve.set_defaults(handler=_exec_serve)
+    # Each service and tool owns its subcommands in `swerl.<name>.cli.register`; the exec node
+    # first, the task-set tools below are this module's own.
+    importlib.import_module("swerl.exec.cli").register(services)
 
     from swerl.data.naming import CONVENTIONS
 

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from swerl.chassis.logging import configure_logging
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.chassis.server import serve_main
+from swerl.chassis.settings import add_settings_arguments
 
 
 def _serve(args: argparse.Namespace) -> int:
     from swerl.agent.server import AgentServer
     from swerl.agent.settings import AgentSettings
 
-    settings = settings_from_args(AgentSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
-
-    async def main() -> None:
-        # AgentServer judges PRM-enabled episodes through PrmService itself (PrmJudgeFactory
-        # with --prm-endpoint and --prm-auth-token, default the agent's own token).
-        server = AgentServer(settings)
-        port = await server.start()
-        print(f"swerl agent serving on {settings.host}:{port}", flush=True)
-        await server.serve_until_signal()
-
-    asyncio.run(main())
-    return 0
+    # AgentServer judges PRM-enabled episodes through PrmService itself (PrmJudgeFactory with
+    # --prm-endpoint and --prm-auth-token, default the agent's own token).
+    return serve_main(
+        AgentSettings,
+        args,
+        AgentServer,
+        lambda settings, port: f"swerl agent serving on {settings.host}:{port}",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

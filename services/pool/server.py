@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from swerl.chassis.gctune import tune_collector
-from swerl.chassis.server import GrpcServer
+from swerl.chassis.server import GrpcServer, ServiceHost
 from swerl.pool.leases import Pool
 from swerl.pool.nodes import GrpcNodeConnection, NodeConnection
 from swerl.pool.servicer import PoolServicer
@@ -29,7 +29,7 @@ def tune_garbage_collector(settings: PoolSettings) -> None:
     tune_collector(middle_every=settings.gc_middle_threshold)
 
 
-class PoolServer:
+class PoolServer(ServiceHost):
     """One running pool; `start()` then `serve_until_signal()` or `stop()`."""
 
     def __init__(
@@ -60,19 +60,8 @@ class PoolServer:
 
     async def start(self) -> int:
         await self.pool.start()
-        self.port = await self.server.start()
-        return self.port
-
-    @property
-    def address(self) -> str:
-        return self.server.address
+        return await super().start()
 
     async def _shutdown(self) -> None:
         await self.pool.stop()
         self.store.close()
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.server.stop(grace_s)
-
-    async def serve_until_signal(self) -> None:
-        await self.server.serve_until_signal()
