@@ -24,8 +24,8 @@ from typing import Any
 import structlog
 from google.protobuf import struct_pb2
 
+from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
-from swerl.chassis.timeconv import duration_pb
 from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.instance import InstanceError, sample_instance
@@ -561,7 +561,7 @@ def build_start(
     params = struct_pb2.Struct()
     params.update(_jsonable({k: v for k, v in sampling_params.items() if v is not None}))
     context = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
-    return agent_pb2.EpisodeStart(
+    return agent_client.episode_start(
         episode_id=episode_id,
         instance=instance,
         policy=agent_pb2.PolicyConfig(
@@ -572,13 +572,13 @@ def build_start(
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
         ),
-        limits=agent_pb2.EpisodeLimits(
+        limits=agent_client.episode_limits(
             max_turns=settings.max_turns,
             max_context_tokens=context,
             max_new_tokens=settings.max_new_tokens,
-            wall_timeout=_duration(settings.wall_timeout_s),
-            command_timeout=_duration(settings.command_timeout_s),
-            eval_timeout=_duration(settings.eval_timeout_s),
+            wall_timeout_s=settings.wall_timeout_s,
+            command_timeout_s=settings.command_timeout_s,
+            eval_timeout_s=settings.eval_timeout_s,
         ),
         prm=agent_pb2.PrmConfig(
             enabled=settings.prm_enabled,
@@ -670,10 +670,6 @@ def _decoder(settings: PluginSettings, framework_name: str, state: Any) -> conve
     if tokenizer is None:
         return None
     return lambda ids: tokenizer.decode(ids)
-
-
-def _duration(seconds: float) -> Any:
-    return duration_pb(seconds) if seconds > 0 else None
 
 
 def _jsonable(value: Any) -> Any:
