@@ -19,6 +19,8 @@ from typing import Any, TextIO
 import grpc
 
 from swerl.agent import client as agent_client
+from swerl.agent.config import load_config
+from swerl.agent.errors import UnknownConfig
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info
@@ -59,8 +61,14 @@ class EvalConfig:
     @property
     def episode_deadline_s(self) -> float:
         # The agent enforces the limits; this deadline only catches an agent that never answers.
-        wall = self.wall_timeout_s or 3600.0
-        evaluation = self.eval_timeout_s or 1800.0
+        # A zero limit is the agent config's default, read from that config (its one owner); a
+        # config this install lacks falls back to the default one (the agent judges the name).
+        try:
+            defaults = load_config(self.config_name).defaults
+        except UnknownConfig:
+            defaults = load_config().defaults
+        wall = self.wall_timeout_s or defaults.wall_timeout_s
+        evaluation = self.eval_timeout_s or defaults.eval_timeout_s
         return wall + evaluation + 600.0
 
 
