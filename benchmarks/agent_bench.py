@@ -239,6 +239,7 @@ async def _ticker(stop: asyncio.Event, lateness: list[float], period: float = 0.
 async def stalls(
     episodes: int, turns: int, cpu_threads: int = 4, tokenizer_processes: int = 2
 ) -> dict[str, float]:
+    from swerl.agent.client import episode_limits, episode_start
     from swerl.agent.runner import EpisodeRunner
     from swerl.agent.settings import AgentSettings
     from swerl.agent.v1 import agent_pb2 as pb
@@ -270,7 +271,7 @@ async def stalls(
         await runner.codec(tokenizer, {})  # loaded once, as a warm agent has it
 
         async def one(index: int) -> pb.EpisodeResult:
-            start = pb.EpisodeStart(
+            start = episode_start(
                 episode_id=f"bench-{index}",
                 instance=evaluate_pb2.SweInstance(
                     instance_id=f"bench__{index}",
@@ -281,7 +282,7 @@ async def stalls(
                 policy=pb.PolicyConfig(
                     endpoint=f"http://127.0.0.1:{port}", tokenizer_path=tokenizer
                 ),
-                limits=pb.EpisodeLimits(max_turns=turns + 2, max_new_tokens=1024),
+                limits=episode_limits(max_turns=turns + 2, max_new_tokens=1024),
             )
 
             async def requests():
