@@ -203,6 +203,25 @@ class SandboxShell:
 
         self.spawn(start())
 
+    def end_orphan(self) -> None:
+        """For a sandbox adopted after a node restart: kills, in the background and before any
+        new command runs, the command a node process that died (SIGKILL) was running here. Its
+        caller went away with that process, and nothing else would end it (its supervisor waits
+        on it, its watchdog only at its timeout). The pgid file names it whether or not it still
+        runs (a kill of a group that is gone does nothing)."""
+
+        async def end() -> None:
+            await self.take_turn(self)
+            try:
+                pgid = self.last_pgid()
+                if pgid:
+                    log.info("shell.orphan_kill", container_id=self.container_id[:12], pgid=pgid)
+                    await self.kill_inside(pgid=pgid)
+            finally:
+                self.end_turn(self)
+
+        self.spawn(end())
+
     def _not_running(self, why: str) -> SandboxNotRunning:
         return SandboxNotRunning(
             f"the sandbox's container stopped and cannot be started again: {why}; destroy the"
@@ -251,6 +270,15 @@ class SandboxShell:
         """The process group the watchdog last killed at its deadline (0 if none is left)."""
         with contextlib.suppress(OSError, ValueError, IndexError):
             return int((self.io_dir / "timeout").read_text().split()[0])
+        return 0
+
+    def last_pgid(self) -> int:
+        """The process group of the last command any supervisor of this sandbox started (0 if
+        none, or the record is half-written)."""
+        with contextlib.suppress(OSError, ValueError):
+            fields = (self.io_dir / "pgid").read_text().split()
+            if len(fields) == 4 and fields[0] == fields[3]:
+                return int(fields[1])
         return 0
 
     def current_pgid(self, nonce: str) -> int:
