@@ -20,9 +20,10 @@ from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageRe
 T = TypeVar("T")
 
 # How Docker words an exec refused because the container is not running: "Container ... is not
-# running" (409, the daemon knows it stopped) or "cannot exec in a stopped state" (500, its init
-# ended and the daemon has not recorded the stop yet: it still reports the container running).
-_NOT_RUNNING = ("is not running", "stopped state")
+# running" (409, the daemon knows it stopped), or, while its init has ended and the daemon has
+# not recorded the stop yet (it still reports the container running), the runtime's "cannot exec
+# in a stopped state" or "error executing setns process" (the namespaces to enter are gone).
+_NOT_RUNNING = ("is not running", "stopped state", "setns process")
 
 
 class ContainerNotRunning(OSError):
