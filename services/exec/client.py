@@ -137,6 +137,8 @@ class SandboxClient:
             await stream.aclose()
 
 
+# Stdin bytes per ExecStdin message.
+STDIN_CHUNK_BYTES = 1 << 20
 # A command's result is awaited for its timeout plus this margin before the client gives up.
 COMMAND_DEADLINE_MARGIN_S = 30.0
 # A call is not reused past this age: per-call metadata (a lease's capability token, renewed
@@ -184,10 +186,21 @@ class CommandStream:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def run(self, command: str, *, deadline_s: float | None = None, **kwargs) -> ExecResult:
+    async def run(
+        self,
+        command: str,
+        *,
+        deadline_s: float | None = None,
+        stdin: bytes | None = None,
+        **kwargs,
+    ) -> ExecResult:
         """Runs one command and gathers its output (the arguments of `exec_start`). A failed
         command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call. The
-        wait is bounded by `deadline_s` (default: the command timeout plus a margin)."""
+        wait is bounded by `deadline_s` (default: the command timeout plus a margin). `stdin`:
+        bytes the command reads on its stdin, then end of file (exact bytes, no shell quoting;
+        the agent's file editor writes files this way)."""
+        if stdin is not None:
+            kwargs["open_stdin"] = True
         request = pb.ExecCommandsRequest(start=start_message(self.sandbox_id, command, **kwargs))
         if deadline_s is None:
             deadline_s = (kwargs.get("timeout_s") or 180.0) + COMMAND_DEADLINE_MARGIN_S
@@ -218,7 +231,7 @@ class CommandStream:
 
             timer = loop.call_later(deadline_s, expire)
             try:
-                return await self._exchange(call, request)
+                return await self._exchange(call, request, stdin)
             except BaseException as exc:
                 # The call's state is unknown (an error ended it, or we stopped reading
                 # half-way): never reuse it.
@@ -239,10 +252,18 @@ class CommandStream:
 
     @staticmethod
     async def _exchange(
-        call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest
+        call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest, stdin: bytes | None
     ) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
         await call.write(request)
+        if stdin is not None:
+            # In pieces well under gRPC's default 4 MiB message limit; the last closes stdin.
+            pieces = [
+                stdin[i : i + STDIN_CHUNK_BYTES] for i in range(0, len(stdin), STDIN_CHUNK_BYTES)
+            ]
+            for index, piece in enumerate(pieces or [b""]):
+                last = index == max(len(pieces), 1) - 1
+                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last)))
         while True:
             read = await call.read()
             if read is grpc.aio.EOF:
