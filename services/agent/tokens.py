@@ -79,7 +79,7 @@ class ChatCodec:
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
 
-    def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
+    def _render(self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=False,
@@ -125,6 +125,29 @@ class ChatCodec:
         observation as a user message, and the next assistant header."""
         text = self.user_message_text(observation)
         ids = self.encode(self.close_text + text + self.header_text)
+        if response_ids and response_ids[-1] == self.end_of_turn_id:
+            ids = ids[1:]
+        return ids
+
+    def messages_delta(
+        self, response_ids: Sequence[int], messages: Sequence[Mapping[str, Any]]
+    ) -> list[int]:
+        """Like `observation_delta` for any messages after the response (the tool protocol's
+        tool messages, or its user message when a reply called no tool): end-of-turn, the
+        messages as the template writes them after an assistant turn, the next header."""
+        full = self._render(
+            [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": _SENTINEL},
+                *messages,
+            ],
+            generation_prompt=True,
+        )
+        after = full.split(_SENTINEL, 1)[1]
+        if not after.startswith(self.close_text) or not after.endswith(self.header_text):
+            raise TemplateMismatch("messages after an assistant message are not a pure delta")
+        ids = self.encode(after)
         if response_ids and response_ids[-1] == self.end_of_turn_id:
             ids = ids[1:]
         return ids

@@ -11,6 +11,7 @@ and every refusal is a clear tool error the model reads (`Error: ...`).
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -123,6 +124,35 @@ _LIST = (
 )
 
 
+_RESTARTED_NOTE = (
+    "[The sandbox's processes had all died (a command killed them), so it was started again"
+    " before this command: files are kept; background processes, the shell's variables and"
+    " its working directory are gone.]\n"
+)
+
+
+def killed_by(exit_code: int, timed_out: bool) -> int | None:
+    """The signal that ended a command (exit code 128+N by the shell's convention); None for
+    an ordinary exit or a timeout (the node's own kill)."""
+    if timed_out or not 128 < exit_code < 128 + 65:
+        return None
+    return exit_code - 128
+
+
+def command_notes(exit_code: int, timed_out: bool, restarted: bool) -> str:
+    """What an observation says before a command's output: that the sandbox had been started
+    again before it, and that the command was killed by a signal."""
+    notes = _RESTARTED_NOTE if restarted else ""
+    signum = killed_by(exit_code, timed_out)
+    if signum is not None:
+        try:
+            name = f" ({signal.Signals(signum).name})"
+        except ValueError:
+            name = ""
+        notes += f"[The command, or the shell running it, was killed by signal {signum}{name}.]\n"
+    return notes
+
+
 class ToolError(Exception):
     """A call the tool refuses: `message` is what the model reads."""
 
@@ -149,8 +179,9 @@ class ToolOutcome:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-# Renders a bash result as the config's observation (exit code, output, truncation, notes).
-RenderBash = Callable[[int, str, bool], Awaitable[str]]
+# Renders a bash result as the config's observation: (exit code, output, timed out, the
+# sandbox was restarted before it) -> the tool message's text.
+RenderBash = Callable[[int, str, bool, bool], Awaitable[str]]
 
 
 class ToolBox:
@@ -170,6 +201,9 @@ class ToolBox:
         self._env = dict(env)
         self._timeout_s = command_timeout_s
         self._render_bash = render_bash
+        # The last bash command ended killed by a signal (a sandbox found dead after it is
+        # the policy's doing).
+        self.last_killed = False
 
     async def run(self, call: ToolCall) -> ToolOutcome:
         """Runs one runnable call; a refused call is an error outcome (never an exception,
@@ -204,16 +238,16 @@ class ToolBox:
             command, timeout_s=timeout_s, env=self._env, cwd=self._workdir
         )
         output = result.output.decode(errors="replace")
-        signum = None
-        if not result.timed_out and 128 < result.exit_code < 128 + 65:
-            signum = result.exit_code - 128
-        text = await self._render_bash(result.exit_code, output, result.timed_out)
+        signum = killed_by(result.exit_code, result.timed_out)
+        restarted = bool(getattr(result, "sandbox_restarted", False))
+        self.last_killed = signum is not None
+        text = await self._render_bash(result.exit_code, output, result.timed_out, restarted)
         return ToolOutcome(
             text,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             killed_signal=signum,
-            sandbox_restarted=bool(getattr(result, "sandbox_restarted", False)),
+            sandbox_restarted=restarted,
             output_bytes=len(result.output) + result.bytes_dropped,
             command=command,
             output=output,

@@ -31,7 +31,7 @@ async def toolbox():
                 BASE_IMAGE, owner="tools-test", instance_id="", request_id="tools", workdir=None
             ) as sandbox:
 
-                async def render(code: int, output: str, timed_out: bool) -> str:
+                async def render(code: int, output: str, timed_out: bool, restarted: bool) -> str:
                     return f"[{code}{' timeout' if timed_out else ''}]{output}"
 
                 await sandbox.run(
