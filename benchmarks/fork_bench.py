@@ -42,7 +42,7 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.exec.server import local_node
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
 

@@ -121,7 +121,7 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
     from swerl.chassis.client import make_channel
     from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
     from swerl.chassis.timeconv import duration_pb
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
     from swerl.tasks import build_images, default_tasks_dir, load_tasks
     from swerl.validate import instance_to_pb
 

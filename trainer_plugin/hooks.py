@@ -26,9 +26,9 @@ from google.protobuf import struct_pb2
 
 from swerl.agent.v1 import agent_pb2
 from swerl.chassis.timeconv import duration_pb
+from swerl.exec.sweinstance import InstanceError, sample_instance
 from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
-from swerl.trainer_plugin.instance import InstanceError, sample_instance
 from swerl.trainer_plugin.prefetch import prefetcher
 from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -79,6 +79,31 @@ class SandboxProvider(Protocol):
 
 # The exec node's reason for a sandbox whose container stopped and could not be started again.
 SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
+
+T = TypeVar("T")
+
+
+async def guarded(sandbox: SandboxHandle, work: Awaitable[T]) -> T:
+    """Awaits `work` unless the sandbox's lease is lost first (then INFRA_ERROR/LEASE_LOST)."""
+    task = asyncio.ensure_future(work)
+    lost = asyncio.ensure_future(sandbox.lost.wait())
+    try:
+        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        if sandbox.lost.is_set() and task.exception() is not None:
+            raise lease_lost(sandbox)
+        return task.result()
+    raise lease_lost(sandbox)
+
+
+def lease_lost(sandbox: SandboxHandle) -> EpisodeInfraError:
+    """INFRA_ERROR/LEASE_LOST naming why the pool took the sandbox's lease away."""
+    reason, message = sandbox.lost_detail()
+    return EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
 
 
 def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:

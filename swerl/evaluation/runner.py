@@ -65,7 +65,7 @@ class EvalConfig:
 
 
 def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -> pb.EpisodeStart:
-    from swerl.trainer_plugin.instance import sample_instance
+    from swerl.exec.sweinstance import sample_instance
 
     swe = sample_instance({"instance": instance.instance, "data_source": instance.data_source})
     start = pb.EpisodeStart(
