@@ -28,6 +28,7 @@ from swerl.agent.modes import PolicyTurn
 from swerl.agent.toolcalls import (
     CallError,
     CallIds,
+    ErrorKind,
     ParseResult,
     ToolCall,
     check_call,
@@ -174,7 +175,7 @@ def parse_chat_reply(
         try:
             arguments = json.loads(text) if isinstance(text, str) and text.strip() else {}
         except json.JSONDecodeError as err:
-            kind = "truncated" if finish_reason == "length" else "malformed"
+            kind: ErrorKind = "truncated" if finish_reason == "length" else "malformed"
             error = CallError(kind, f"malformed tool call: invalid JSON arguments ({err.msg})", raw)
             calls.append(ToolCall(call_id, name, None, raw, error))
             continue
