@@ -13,7 +13,7 @@ from swerl.agent.sandbox import PoolSandboxProvider
 from swerl.agent.toolcalls import CallIds, ToolCall, check_call
 from swerl.agent.tools import TOOLS, ToolBox
 from swerl.pool.client import PoolClient
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 
 BASE_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
 pytestmark = pytest.mark.usefixtures("base_image")
