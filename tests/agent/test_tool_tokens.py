@@ -32,9 +32,14 @@ CONFIG = load_config("tools")
 SYSTEM, USER = "You fix bugs.", "Fix parse() in /testbed/p.py."
 
 
+class Codec(ChatCodec):
+    def decode_special(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
 @pytest.fixture(scope="module")
-def codec() -> ChatCodec:
-    return ChatCodec(load_tokenizer(bundled_qwen3_tokenizer_dir()), CONFIG.template_kwargs())
+def codec() -> Codec:
+    return Codec(load_tokenizer(bundled_qwen3_tokenizer_dir()), CONFIG.template_kwargs())
 
 
 class ScriptedPolicy:
@@ -121,13 +126,16 @@ def _tool_replies(parsed: Any) -> list[dict[str, Any]]:
 @settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(turns=st.lists(replies(), min_size=1, max_size=6), budget=st.sampled_from([0, 700]))
+@given(turns=st.lists(replies(), min_size=1, max_size=6), budget=st.sampled_from([0, 900, 1100]))
 def test_tool_call_episodes_are_token_exact(codec, turns, budget) -> None:
     asyncio.run(_episode(codec, turns, budget))
 
 
-async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget: int) -> int:
-    """Plays the turns; returns how many prompts were checked against the template."""
+async def _episode(
+    codec: Codec, turns: list[tuple[str, bool, bool]], budget: int
+) -> tuple[int, int]:
+    """Plays the turns; returns how many prompts were checked against the template and how
+    many were trimmed."""
     policy = ScriptedPolicy(codec, [(text, ended) for text, ended, _ in turns])
     mode = TokenMode(
         policy,
@@ -143,7 +151,7 @@ async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget
     ]
     ids = CallIds(seed=3)
     plain_loop = True  # no trim and no plain user message yet: the template agrees
-    template_checked = 0
+    template_checked = trims = 0
     for turn, (_text, _ended, canonical) in enumerate(turns):
         try:
             answer = await mode.respond(messages)
@@ -151,6 +159,7 @@ async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget
             assert budget
             break
         plain_loop = plain_loop and not answer.context_trimmed
+        trims += answer.context_trimmed
         assert policy.sampled[turn] and answer.response_tokens == len(policy.sampled[turn])
         parsed = parse_sampled(answer.text, CONFIG, answer.finish_reason, ids)
         if plain_loop:
@@ -169,6 +178,12 @@ async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget
         messages += answers
         await mode.observe(answers)
 
+    # Trims drop whole turns: a tool response always follows the reply that made its calls.
+    for sent in policy.sent:
+        segments = codec.decode_special(sent).split("<|im_start|>")
+        for before, segment in itertools.pairwise(segments):
+            if segment.startswith("user\n<tool_response>"):
+                assert before.startswith("assistant\n"), (before, segment)
     # Per turn (dynamic history): exactly what was sent, exactly what was sampled, mask 1.
     records = mode.turn_records()
     assert len(records) == len(policy.sent)
@@ -177,7 +192,7 @@ async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget
         assert record.prompt_ids == sent and record.response_ids == sampled
         assert record.loss_mask == [1] * len(sampled)
     if not records:
-        return template_checked
+        return template_checked, trims
     # The whole record, when no turn was trimmed: the last prompt plus the last sample, mask 1
     # exactly where the policy sampled.
     sent = policy.sent
@@ -193,7 +208,7 @@ async def _episode(codec: ChatCodec, turns: list[tuple[str, bool, bool]], budget
         assert [i + offset for i, m in enumerate(whole.loss_mask) if m] == sorted(sampled_at)
         for sent, sampled in zip(policy.sent, policy.sampled, strict=True):
             assert stream[len(sent) : len(sent) + len(sampled)] == sampled
-    return template_checked
+    return template_checked, trims
 
 
 def test_a_plain_tool_loop_prompt_is_what_the_qwen3_template_renders(codec) -> None:
@@ -204,4 +219,13 @@ def test_a_plain_tool_loop_prompt_is_what_the_qwen3_template_renders(codec) -> N
         (f"Done.\n{call}", True, True),
         ("<think>\nok\n</think>\n\nAll good.", True, False),
     ]
-    assert asyncio.run(_episode(codec, turns, 0)) == 4
+    assert asyncio.run(_episode(codec, turns, 0)) == (4, 0)
+
+
+def test_trims_keep_each_reply_with_its_tool_messages(codec) -> None:
+    call = '<tool_call>\n{"name": "bash", "arguments": {"command": "cat a.py"}}\n</tool_call>'
+    turns = [
+        (f"<think>\nstep {i}\n</think>\n\nReading.\n{call}\n{call}", True, True) for i in range(12)
+    ]
+    checked, trims = asyncio.run(_episode(codec, turns, 1100))
+    assert trims >= 1 and checked >= 1
