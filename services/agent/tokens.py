@@ -78,14 +78,46 @@ class ChatCodec:
             raise TemplateMismatch("empty assistant header or end-of-turn")
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
+        # Deltas are measured without the tools when the template writes the messages after an
+        # assistant turn the same either way (Qwen3 declares tools in the system block only):
+        # rendering every tool schema again each turn was most of a tool turn's bookkeeping.
+        self._delta_kwargs = self.template_kwargs
+        if "tools" in self.template_kwargs:
+            plain = {k: v for k, v in self.template_kwargs.items() if k != "tools"}
+            probe = [
+                {"role": "tool", "tool_call_id": "call_probe", "content": "P"},
+                {"role": "user", "content": "Q"},
+            ]
+            if self._after(probe, self.template_kwargs) == self._after(probe, plain):
+                self._delta_kwargs = plain
 
-    def _render(self, messages: Sequence[Mapping[str, Any]], *, generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        generation_prompt: bool,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         return self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=False,
             add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
+            **(self.template_kwargs if kwargs is None else kwargs),
         )
+
+    def _after(self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> str:
+        """The text the template writes after an assistant message: `messages`, the header."""
+        full = self._render(
+            [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": _SENTINEL},
+                *messages,
+            ],
+            generation_prompt=True,
+            kwargs=kwargs,
+        )
+        return full.split(_SENTINEL, 1)[1]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -106,16 +138,7 @@ class ChatCodec:
 
     def user_message_text(self, text: str) -> str:
         """The text of one user message as the template writes it between two turns."""
-        full = self._render(
-            [
-                {"role": "system", "content": "S"},
-                {"role": "user", "content": "U"},
-                {"role": "assistant", "content": _SENTINEL},
-                {"role": "user", "content": text},
-            ],
-            generation_prompt=True,
-        )
-        after = full.split(_SENTINEL, 1)[1]
+        after = self._after([{"role": "user", "content": text}], self._delta_kwargs)
         if not after.startswith(self.close_text) or not after.endswith(self.header_text):
             raise TemplateMismatch("a user message after an assistant message is not a pure delta")
         return after[len(self.close_text) : len(after) - len(self.header_text)]
@@ -135,16 +158,7 @@ class ChatCodec:
         """Like `observation_delta` for any messages after the response (the tool protocol's
         tool messages, or its user message when a reply called no tool): end-of-turn, the
         messages as the template writes them after an assistant turn, the next header."""
-        full = self._render(
-            [
-                {"role": "system", "content": "S"},
-                {"role": "user", "content": "U"},
-                {"role": "assistant", "content": _SENTINEL},
-                *messages,
-            ],
-            generation_prompt=True,
-        )
-        after = full.split(_SENTINEL, 1)[1]
+        after = self._after(messages, self._delta_kwargs)
         if not after.startswith(self.close_text) or not after.endswith(self.header_text):
             raise TemplateMismatch("messages after an assistant message are not a pure delta")
         ids = self.encode(after)
