@@ -708,7 +708,15 @@ class Episode:
             for index, record in enumerate(self._policy.turn_records()):
                 self._fill_record(result.turns.add(), record, self._shaped(index))
         else:
-            self._fill_record(result.trajectory, self._policy.whole_record(), self._shaped(None))
+            # One record per chain, each with the episode's reward; a lone chain (no trim)
+            # stays in `trajectory`, where readers that predate chains find it.
+            records = self._policy.whole_records()
+            reward = self._shaped(None)
+            if len(records) == 1:
+                self._fill_record(result.trajectory, records[0], reward)
+            else:
+                for record in records:
+                    self._fill_record(result.chains.add(), record, reward)
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
