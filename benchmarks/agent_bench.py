@@ -112,7 +112,8 @@ def _incremental(codec, config, system, user, pairs, responses):
         costs.append(time.perf_counter() - started)
         cpu.append(time.thread_time() - started_cpu)
         sizes.append(len(sent))
-    trajectory.whole_record().check()
+    for record in trajectory.whole_records():
+        record.check()
     return costs, cpu, sizes, trimmed_turns
 
 
@@ -285,6 +286,7 @@ async def stalls(
     tokenizer_processes: int = 2,
     config_name: str = "",
 ) -> dict[str, float]:
+    from swerl.agent.client import episode_limits, episode_start
     from swerl.agent.runner import EpisodeRunner
     from swerl.agent.settings import AgentSettings
     from swerl.agent.v1 import agent_pb2 as pb
@@ -320,7 +322,7 @@ async def stalls(
         await runner.codec(tokenizer, load_config(config_name).template_kwargs())
 
         async def one(index: int) -> pb.EpisodeResult:
-            start = pb.EpisodeStart(
+            start = episode_start(
                 episode_id=f"bench-{index}",
                 instance=evaluate_pb2.SweInstance(
                     instance_id=f"bench__{index}",
@@ -331,7 +333,7 @@ async def stalls(
                 policy=pb.PolicyConfig(
                     endpoint=f"http://127.0.0.1:{port}", tokenizer_path=tokenizer
                 ),
-                limits=pb.EpisodeLimits(max_turns=turns + 2, max_new_tokens=1024),
+                limits=episode_limits(max_turns=turns + 2, max_new_tokens=1024),
                 options=pb.EpisodeOptions(config_name=config_name),
             )
 

@@ -23,6 +23,7 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.exec.client import ExecResult
 from swerl.exec.v1 import evaluate_pb2
 from swerl.exec.v1 import sandbox_pb2 as sandbox_pb
+from swerl.pool.client import Lease, PoolClient
 
 
 class SandboxHandle(Protocol):
@@ -115,7 +116,7 @@ def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
 
 @dataclass
 class _PoolHandle:
-    lease: object  # swerl.pool.client.Lease
+    lease: Lease
     lease_id: str
     sandbox_id: str
     node_id: str
@@ -123,11 +124,11 @@ class _PoolHandle:
 
     async def release(self) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.lease.release()  # type: ignore[attr-defined]
+            await self.lease.release()
 
     def lost_detail(self) -> tuple[str, str]:
         lease = self.lease
-        return (getattr(lease, "lost_reason", None) or "UNSPECIFIED", lease.lost_message)  # type: ignore[attr-defined]
+        return (lease.lost_reason or "UNSPECIFIED", lease.lost_message)
 
     async def run(
         self,
@@ -139,7 +140,7 @@ class _PoolHandle:
         stdin: bytes | None = None,
     ) -> ExecResult:
         try:
-            return await self.lease.sandbox.run(  # type: ignore[attr-defined]
+            return await self.lease.sandbox.run(
                 self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd, stdin=stdin
             )
         except grpc.aio.AioRpcError as err:
@@ -150,7 +151,7 @@ class _PoolHandle:
     async def diff(self) -> bytes:
         request = sandbox_pb.GetDiffRequest(sandbox_id=self.sandbox_id, include_untracked=True)
         try:
-            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)  # type: ignore[attr-defined]
+            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "GetDiff") from err
         return bytes(response.patch)
@@ -168,7 +169,7 @@ class _PoolHandle:
         )
         report = None
         try:
-            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)  # type: ignore[attr-defined]
+            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)
             async for response in stream:
                 if response.WhichOneof("kind") == "report":
                     report = response.report
@@ -185,7 +186,7 @@ class _PoolHandle:
 class PoolSandboxProvider:
     """Leases sandboxes from a swerl pool (`swerl.pool.client.PoolClient`)."""
 
-    def __init__(self, pool: object, *, lease_wait_s: float = 600.0) -> None:
+    def __init__(self, pool: PoolClient, *, lease_wait_s: float = 600.0) -> None:
         self._pool = pool
         self._wait_s = lease_wait_s
 
@@ -200,7 +201,7 @@ class PoolSandboxProvider:
         workdir: str | None,
     ) -> AsyncIterator[SandboxHandle]:
         try:
-            context = self._pool.lease(  # type: ignore[attr-defined]
+            context = self._pool.lease(
                 image,
                 owner=owner,
                 instance_id=instance_id,
@@ -233,7 +234,7 @@ class PoolSandboxProvider:
         if lease is None:
             raise EpisodeInfraError("FORK_UNAVAILABLE", "the sandbox was not leased from a pool")
         try:
-            leases = await self._pool.fork_leases(  # type: ignore[attr-defined]
+            leases = await self._pool.fork_leases(
                 lease, count, request_id=request_id, wait_s=self._wait_s, owner=owner
             )
         except grpc.aio.AioRpcError as err:
