@@ -193,21 +193,29 @@ async def _episode(
         assert record.loss_mask == [1] * len(sampled)
     if not records:
         return template_checked, trims
-    # The whole record, when no turn was trimmed: the last prompt plus the last sample, mask 1
-    # exactly where the policy sampled.
-    sent = policy.sent
-    if all(b[: len(a)] == a for a, b in itertools.pairwise(sent)):
-        whole = mode.whole_record()
-        whole.check()
-        stream = whole.prompt_ids + whole.response_ids
-        assert stream == policy.sent[-1] + policy.sampled[-1]
-        sampled_at = set()
-        for sent, sampled in zip(policy.sent, policy.sampled, strict=True):
-            sampled_at.update(range(len(sent), len(sent) + len(sampled)))
-        offset = len(whole.prompt_ids)
-        assert [i + offset for i, m in enumerate(whole.loss_mask) if m] == sorted(sampled_at)
-        for sent, sampled in zip(policy.sent, policy.sampled, strict=True):
+    # One record per chain (a trim starts a new chain): each is its first prompt plus what
+    # followed it, and equals the chain's last prompt plus its last sample; the loss mask is 1
+    # exactly where the policy sampled. An untrimmed episode is one chain.
+    chains = mode.whole_records()
+    turn = 0
+    for chain in chains:
+        chain.check()
+        stream = chain.prompt_ids + chain.response_ids
+        sampled_at: list[int] = []
+        first = turn
+        while turn < len(policy.sent) and stream[: len(policy.sent[turn])] == policy.sent[turn]:
+            sent, sampled = policy.sent[turn], policy.sampled[turn]
+            if len(sent) + len(sampled) > len(stream):
+                break
             assert stream[len(sent) : len(sent) + len(sampled)] == sampled
+            sampled_at += range(len(sent), len(sent) + len(sampled))
+            turn += 1
+        assert turn > first and chain.prompt_ids == policy.sent[first]
+        assert stream == policy.sent[turn - 1] + policy.sampled[turn - 1]
+        offset = len(chain.prompt_ids)
+        assert [i + offset for i, m in enumerate(chain.loss_mask) if m] == sampled_at
+    assert turn == len(policy.sent)
+    assert len(chains) == 1 + trims
     return template_checked, trims
 
 
