@@ -111,6 +111,7 @@ async def test_bad_calls_are_tool_errors_the_model_reads_and_count_as_format_err
     assert "Error: str_replace_editor: missing required argument(s): path" in second
     third = replay.tokenizer.decode(replay.stats.requests_seen[2][0])
     assert "Your reply called no tool" in third
+    assert "It wrote 1 tool call inside its reasoning" in third
 
 
 async def test_garbage_ends_on_the_format_error_limit_not_infra_error():
