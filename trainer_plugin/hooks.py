@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,12 +138,15 @@ async def _generate_alone(
     decode = _decoder(call.settings, call.framework_name, call.state)
     # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
     return await asyncio.to_thread(
-        convert.outcome_to_samples,
-        sample,
-        outcome,
-        per_turn=call.per_turn,
-        decode=decode,
-        spec=spec,
+        functools.partial(
+            convert.outcome_to_samples,
+            sample,
+            outcome,
+            per_turn=call.per_turn,
+            decode=decode,
+            spec=spec,
+            chains=not call.evaluation,
+        )
     )
 
 
@@ -315,9 +319,14 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
             if isinstance(split, branching.RunAlone):
                 continue
             out = convert.outcome_to_samples(
-                member.sample, split, per_turn=per_turn, decode=decode, spec=spec
+                member.sample,
+                split,
+                per_turn=per_turn,
+                decode=decode,
+                spec=spec,
+                chains=not call.evaluation,
             )
-            lists[i] = out if per_turn else [out]
+            lists[i] = out if isinstance(out, list) else [out]
             branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
         if per_turn and branched:
             order = sorted(lists)
@@ -345,8 +354,12 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
             lists.update(zip(order, shared, strict=True))
+            for samples in shared:
+                convert.set_sibling_rollout_ids(samples)
         return [
-            branching.RUN_ALONE if i not in lists else (lists[i] if per_turn else lists[i][0])
+            branching.RUN_ALONE
+            if i not in lists
+            else (lists[i] if per_turn or len(lists[i]) > 1 else lists[i][0])
             for i in range(len(members))
         ]
 

@@ -51,6 +51,9 @@ class PolicyTurn:
     response_tokens: int  # 0 in chat mode
     context_trimmed: bool  # the window left turns out of this prompt
     model_s: float  # preparing the prompt and waiting for the policy
+    # Chat mode with tools: the server's own parsed calls (OpenAI `tool_calls`) and reasoning.
+    tool_calls: tuple[dict[str, Any], ...] | None = None
+    reasoning: str | None = None
 
     @property
     def aborted(self) -> bool:
@@ -64,15 +67,17 @@ class Policy(Protocol):
         """Starts the conversation; returns the first prompt's token count (0 in chat mode)."""
         ...
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         """The policy's next turn given the conversation so far (`messages`, which chat mode
         sends and token mode has already as tokens). An aborted turn is not recorded.
         Raises ContextExhausted when the next prompt cannot fit, PolicyUnavailable when the
         policy server fails."""
         ...
 
-    async def observe(self, observation: str) -> int:
-        """Appends the observation after the last response; returns the tokens it added."""
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
+        """Appends the observation after the last response (a user message's text, or the
+        messages that answer it: the tool protocol's tool messages); returns the tokens it
+        added."""
         ...
 
     @property
@@ -84,8 +89,8 @@ class Policy(Protocol):
         """One record per turn: the exact prompt sent and the response (dynamic history)."""
         ...
 
-    def whole_record(self) -> TokenRecordData:
-        """The whole episode as one record."""
+    def whole_records(self) -> list[TokenRecordData]:
+        """The whole episode as one record per chain (one unless the history was trimmed)."""
         ...
 
     def branch(self, sampling_seed: int) -> Policy:
@@ -143,7 +148,7 @@ class TokenMode:
         )
         return len(prompt_ids)
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         window = self._window
         if window is None:
             raise RuntimeError("respond before open")
@@ -225,8 +230,11 @@ class TokenMode:
             return str(await self._tok("decode", gen.output_ids))
         return gen.text or ""
 
-    async def observe(self, observation: str) -> int:
-        delta = await self._tok("observation_delta", self._last_output, observation)
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
+        if isinstance(observation, str):
+            delta = await self._tok("observation_delta", self._last_output, observation)
+        else:
+            delta = await self._tok("messages_delta", self._last_output, list(observation))
         self._trajectory.set_delta(delta)
         assert self._window is not None
         self._window.append(self._trajectory.units[-1])
@@ -239,8 +247,8 @@ class TokenMode:
     def turn_records(self) -> list[TokenRecordData]:
         return self._trajectory.turn_records
 
-    def whole_record(self) -> TokenRecordData:
-        return self._trajectory.whole_record()
+    def whole_records(self) -> list[TokenRecordData]:
+        return self._trajectory.whole_records()
 
     def branch(self, sampling_seed: int) -> TokenMode:
         twin = TokenMode(
@@ -276,9 +284,11 @@ class ChatMode:
     async def open(self, system: str, user: str) -> int:
         return 0
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         started = time.monotonic()
         gen = await self._client.chat(messages, self._max_new_tokens)
+        calls = gen.meta.get("tool_calls")
+        reasoning = gen.meta.get("reasoning_content")
         return PolicyTurn(
             text=gen.text or "",
             finish_reason=gen.finish_reason,
@@ -286,9 +296,11 @@ class ChatMode:
             response_tokens=len(gen.output_ids),
             context_trimmed=False,
             model_s=time.monotonic() - started,
+            tool_calls=tuple(calls) if isinstance(calls, list) else None,
+            reasoning=reasoning if isinstance(reasoning, str) else None,
         )
 
-    async def observe(self, observation: str) -> int:
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
         return 0
 
     @property
@@ -298,7 +310,7 @@ class ChatMode:
     def turn_records(self) -> list[TokenRecordData]:
         return []
 
-    def whole_record(self) -> TokenRecordData:
+    def whole_records(self) -> list[TokenRecordData]:
         raise ValueError("a chat-mode episode has no token records")
 
     def branch(self, sampling_seed: int) -> ChatMode:
