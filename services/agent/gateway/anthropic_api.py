@@ -57,7 +57,12 @@ def _blocks(answer: CallAnswer) -> list[dict[str, Any]]:
         blocks.append({"type": "text", "text": answer.content})
     for call in answer.tool_calls:
         blocks.append(
-            {"type": "tool_use", "id": tool_use_id(call.id), "name": call.name, "input": call.arguments}
+            {
+                "type": "tool_use",
+                "id": tool_use_id(call.id),
+                "name": call.name,
+                "input": call.arguments,
+            }
         )
     return blocks
 
@@ -93,11 +98,17 @@ def stream_events(answer: CallAnswer) -> Iterator[bytes]:
         if kind == "thinking":
             yield _event(
                 "content_block_start",
-                {"index": index, "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+                {
+                    "index": index,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+                },
             )
             yield _event(
                 "content_block_delta",
-                {"index": index, "delta": {"type": "thinking_delta", "thinking": block["thinking"]}},
+                {
+                    "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": block["thinking"]},
+                },
             )
         elif kind == "text":
             yield _event(
@@ -115,7 +126,10 @@ def stream_events(answer: CallAnswer) -> Iterator[bytes]:
                 "content_block_delta",
                 {
                     "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": json.dumps(block["input"]),
+                    },
                 },
             )
         yield _event("content_block_stop", {"index": index})

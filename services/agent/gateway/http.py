@@ -113,7 +113,9 @@ class GatewayApp:
                 return await self._cpu(json.loads, raw)
             return json.loads(raw)
         except ValueError as err:
-            raise MalformedRequest(f"the request body is not valid JSON: {err}", param="body") from err
+            raise MalformedRequest(
+                f"the request body is not valid JSON: {err}", param="body"
+            ) from err
 
     def _session(self, request: web.Request) -> Session:
         return self.store.for_call(request.match_info["session"], _secret(request))
@@ -131,7 +133,9 @@ class GatewayApp:
             answer = await self.store.call(session, conv, protocol.name)
         except GatewayError as error:
             GATEWAY_CALLS.labels(protocol.name, error.kind).inc()
-            log.info("gateway.call_refused", protocol=protocol.name, kind=error.kind, status=error.status)
+            log.info(
+                "gateway.call_refused", protocol=protocol.name, kind=error.kind, status=error.status
+            )
             return _error_response(protocol, error)
         except Exception:
             GATEWAY_CALLS.labels(protocol.name, "internal").inc()
@@ -142,7 +146,9 @@ class GatewayApp:
         GATEWAY_OVERHEAD.labels(protocol.name).observe(max(0.0, overhead_s))
         if protocol is OPENAI:
             if conv.stream:
-                return await self._sse(request, openai_api.stream_events(answer, conv.include_usage))
+                return await self._sse(
+                    request, openai_api.stream_events(answer, conv.include_usage)
+                )
             return web.json_response(openai_api.completion(answer))
         if conv.stream:
             return await self._sse(request, anthropic_api.stream_events(answer))

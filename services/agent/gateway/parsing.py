@@ -66,8 +66,9 @@ def output_parser(tool_call_parser: str, reasoning_parser: str) -> OutputParser:
     tool_name = tool_call_parser or DEFAULT_TOOL_CALL_PARSER
     reasoning_name = reasoning_parser or DEFAULT_REASONING_PARSER
     if tool_name not in TOOL_CALL_FORMATS:
+        known = ", ".join(sorted(TOOL_CALL_FORMATS))
         raise InvalidSessionSpec(
-            f"unknown tool_call_parser {tool_name!r} (known: {', '.join(sorted(TOOL_CALL_FORMATS))})",
+            f"unknown tool_call_parser {tool_name!r} (known: {known})",
             field="tool_call_parser",
         )
     if reasoning_name != NO_REASONING and reasoning_name not in REASONING_PARSERS:
@@ -77,4 +78,3 @@ def output_parser(tool_call_parser: str, reasoning_parser: str) -> OutputParser:
             field="reasoning_parser",
         )
     return OutputParser(tool_name, None if reasoning_name == NO_REASONING else reasoning_name)
-

@@ -5,7 +5,9 @@ In-process (tests, `swerl eval`, the demo):
 
     async with local_gateway() as gateway:
         session = await gateway.store.open(SessionSpec(endpoint=url, tokenizer_path=path))
-        client = openai.AsyncOpenAI(base_url=gateway.openai_base_url(session), api_key=session.secret)
+        client = openai.AsyncOpenAI(
+            base_url=gateway.openai_base_url(session), api_key=session.secret
+        )
 """
 
 from __future__ import annotations

@@ -89,7 +89,9 @@ class SessionSpec:
         if self.max_new_tokens:
             return self.max_new_tokens
         value = self.sampling_params.get("max_new_tokens")
-        return int(value) if isinstance(value, int | float) and value > 0 else DEFAULT_MAX_NEW_TOKENS
+        return (
+            int(value) if isinstance(value, int | float) and value > 0 else DEFAULT_MAX_NEW_TOKENS
+        )
 
 
 # Builds the policy client of one branch of a session (SGLang /generate for the spec).
@@ -148,7 +150,9 @@ class Session:
 
     @property
     def ended(self) -> bool:
-        return self.state in (SessionState.CLOSED, SessionState.ABORTED) and self.records is not None
+        return (
+            self.state in (SessionState.CLOSED, SessionState.ABORTED) and self.records is not None
+        )
 
 
 class SessionStore:
@@ -188,7 +192,9 @@ class SessionStore:
             )
         parser = output_parser(spec.tool_call_parser, spec.reasoning_parser)
         codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
-        session = Session(uuid.uuid4().hex, secrets.token_urlsafe(24), spec, Renderer(codec), parser)
+        session = Session(
+            uuid.uuid4().hex, secrets.token_urlsafe(24), spec, Renderer(codec), parser
+        )
         self.sessions[session.id] = session
         if request_id:
             self._by_request[request_id] = session.id
@@ -289,9 +295,7 @@ class SessionStore:
         generation = await self._generate(session, policy, prompt, max_new)
         policy_s = time.perf_counter() - policy_started
         text = await self._cpu(renderer.decode, generation.output_ids)
-        parsed = await self._cpu(
-            session.parser.parse, text, conv.tools, generation.finish_reason
-        )
+        parsed = await self._cpu(session.parser.parse, text, conv.tools, generation.finish_reason)
         reply = assistant_message(parsed.content, parsed.reasoning, parsed.tool_calls)
         # The next call that echoes this reply after this history continues this node.
         digest = roll(digests[-1], message_key(reply))
