@@ -22,6 +22,8 @@ def _serve(args: argparse.Namespace) -> int:
         server = AgentServer(settings)
         port = await server.start()
         print(f"swerl agent serving on {settings.host}:{port}", flush=True)
+        if server.gateway is not None:
+            print(f"swerl agent model gateway on {server.gateway.url}", flush=True)
         await server.serve_until_signal()
 
     asyncio.run(main())
