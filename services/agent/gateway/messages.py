@@ -314,19 +314,27 @@ def _anthropic_user(content: Any, where: str) -> list[Message]:
     if not isinstance(content, list):
         raise MalformedRequest(f"{where}: Input should be a string or a list", param=where)
     out: list[Message] = []
-    texts: list[Any] = []
+    texts: list[str] = []
     for j, block in enumerate(content):
         here = f"{where}.{j}"
-        if isinstance(block, dict) and block.get("type") == "tool_result":
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_result":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 raise MalformedRequest(f"{here}.tool_use_id: Field required", param=here)
             text = _text_parts(block.get("content"), f"{here}.content")
             out.append({"role": "tool", "content": text, "tool_call_id": call_id})
+        elif kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind in ("image", "document", "audio"):
+            raise MalformedRequest(
+                f"{here}: content of type {kind!r} is not supported, this model takes text only",
+                param=here,
+            )
         else:
-            texts.append(block)
+            raise MalformedRequest(f"{here}.type {kind!r} is not supported", param=here)
     if texts or not out:
-        out.append({"role": "user", "content": _text_parts(texts, where)})
+        out.append({"role": "user", "content": "".join(texts)})
     return out
 
 
