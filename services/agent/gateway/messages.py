@@ -61,11 +61,15 @@ def _canonical(value: Any) -> bytes:
 
 def message_key(message: Mapping[str, Any]) -> bytes:
     """What identifies a message when a client echoes it: role, text and tool calls (name and
-    arguments), not reasoning or ids."""
-    calls = [
-        [c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls") or []
-    ]
-    return _canonical([message["role"], message.get("content") or "", calls])
+    arguments), not reasoning or ids. Role and text are joined raw (NUL-separated; a JSON dump
+    of every message's text would escape the whole history again on every call)."""
+    calls = message.get("tool_calls")
+    tail = (
+        _canonical([[c["function"]["name"], c["function"]["arguments"]] for c in calls])
+        if calls
+        else b""
+    )
+    return b"\x00".join((message["role"].encode(), (message.get("content") or "").encode(), tail))
 
 
 def roll(previous: bytes, key: bytes) -> bytes:

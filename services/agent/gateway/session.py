@@ -15,7 +15,7 @@ import secrets
 import time
 import uuid
 from array import array
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from swerl.agent.gateway.messages import (
     message_key,
     roll,
 )
-from swerl.agent.gateway.parsing import OutputParser, output_parser
+from swerl.agent.gateway.parsing import OutputParser, ParsedOutput, output_parser
 from swerl.agent.gateway.render import Renderer
 from swerl.agent.gateway.tree import CallNode, CallTree, chain_records
 from swerl.agent.policy import Generation, PolicyUnavailable, TokenPolicy
@@ -294,8 +294,9 @@ class SessionStore:
         policy_started = time.perf_counter()
         generation = await self._generate(session, policy, prompt, max_new)
         policy_s = time.perf_counter() - policy_started
-        text = await self._cpu(renderer.decode, generation.output_ids)
-        parsed = await self._cpu(session.parser.parse, text, conv.tools, generation.finish_reason)
+        parsed = await self._cpu(
+            _read_output, session, generation.output_ids, conv.tools, generation.finish_reason
+        )
         reply = assistant_message(parsed.content, parsed.reasoning, parsed.tool_calls)
         # The next call that echoes this reply after this history continues this node.
         digest = roll(digests[-1], message_key(reply))
@@ -347,3 +348,14 @@ class SessionStore:
             session.aborted.set()
             raise SessionAborted(f"session {session.id}: the trainer aborted the generation")
         return generation
+
+
+def _read_output(
+    session: Session,
+    output_ids: Sequence[int],
+    tools: list[dict[str, Any]] | None,
+    finish_reason: str,
+) -> ParsedOutput:
+    """Decode and parse the sampled ids (one trip to the CPU pool)."""
+    text = session.renderer.decode(output_ids)
+    return session.parser.parse(text, tools, finish_reason)
