@@ -165,7 +165,7 @@ class SessionStore:
         policy_factory: PolicyFactory,
         executor: Executor | None,
         max_sessions: int = 4096,
-        keep_ended: int = 1024,
+        keep_ended: int = 256,
     ) -> None:
         self._codecs = codecs
         self._policy_factory = policy_factory
@@ -337,6 +337,8 @@ class SessionStore:
             aborted.cancel()
         if not task.done():
             task.cancel()
+            if session.state is not SessionState.ABORTED:
+                raise SessionMissing(f"session {session.id} was closed during this call")
             raise SessionAborted(f"session {session.id} was aborted by the trainer")
         try:
             generation = task.result()
