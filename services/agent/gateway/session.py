@@ -41,7 +41,7 @@ from swerl.agent.gateway.messages import (
 )
 from swerl.agent.gateway.parsing import OutputParser, ParsedOutput, output_parser
 from swerl.agent.gateway.render import Renderer
-from swerl.agent.gateway.tree import CallNode, CallTree, chain_records
+from swerl.agent.gateway.tree import CallKind, CallNode, CallTree, chain_records
 from swerl.agent.policy import Generation, PolicyUnavailable, TokenPolicy
 from swerl.agent.tokens import ChatCodec, TokenRecordData
 
@@ -120,6 +120,27 @@ class SessionCounters:
     infra_errors: int = 0
     context_errors: int = 0
     in_flight: int = 0
+    # Seconds over the answered calls: waiting for the policy, and everything else.
+    policy_time_s: float = 0.0
+    overhead_time_s: float = 0.0
+
+    def metrics(self, tree: CallTree) -> dict[str, float]:
+        """The session's figures, named like the agent's episode metrics (`agent/*` in the
+        trainer's logs once a harness episode reports them)."""
+        calls = tree.calls
+        return {
+            "gateway_calls": float(len(calls)),
+            "gateway_roots": float(sum(1 for c in calls if c.kind is CallKind.ROOT)),
+            "gateway_forks": float(sum(1 for c in calls if c.kind is CallKind.FORK)),
+            "gateway_chains": float(sum(1 for _ in tree.leaves())),
+            "tool_calls": float(sum(c.tool_calls for c in calls)),
+            "gateway_sampled_tokens": float(sum(len(c.output_ids) for c in calls)),
+            "gateway_reused_tokens": float(sum(c.reused_tokens for c in calls)),
+            "model_query_time_sum": self.policy_time_s,
+            "gateway_overhead_time_sum": self.overhead_time_s,
+            "gateway_infra_errors": float(self.infra_errors),
+            "gateway_context_errors": float(self.context_errors),
+        }
 
 
 class Session:
@@ -247,11 +268,16 @@ class SessionStore:
         return session
 
     async def call(self, session: Session, conv: Conversation, protocol: str) -> CallAnswer:
-        session.counters.in_flight += 1
+        counters = session.counters
+        counters.in_flight += 1
+        started = time.perf_counter()
         try:
-            return await self._call(session, conv, protocol)
+            answer = await self._call(session, conv, protocol)
         finally:
-            session.counters.in_flight -= 1
+            counters.in_flight -= 1
+        counters.policy_time_s += answer.policy_s
+        counters.overhead_time_s += time.perf_counter() - started - answer.policy_s
+        return answer
 
     def _match(
         self, session: Session, conv: Conversation

@@ -79,6 +79,7 @@ def session_pb(session: Session) -> pb.GetSessionResponse:
         context_errors=session.counters.context_errors,
         calls_in_flight=session.counters.in_flight,
     )
+    out.metrics.update(session.counters.metrics(session.tree))
     for node in session.tree.calls:
         call = out.calls.add(
             call_index=node.index,
