@@ -24,6 +24,7 @@ from swerl.agent.gateway.http import GatewayServer
 from swerl.agent.gateway.session import CodecSource, Session, SessionSpec, SessionStore
 from swerl.agent.policy import SglangPolicy, TokenPolicy, connect_retrying
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
+from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -111,6 +112,9 @@ def codec_cache(executor: Executor | None) -> CodecSource:
                     raise TokenizerUnavailable(
                         f"cannot load tokenizer {path!r}: {err}", tokenizer_path=path
                     ) from err
+                # The tokenizer's long-lived objects leave the cyclic collector's view, as the
+                # agent's runner does it: a full collection over them stalls the loop.
+                tune_collector(full_every=100)
         return cache[key]
 
     return get
