@@ -333,3 +333,17 @@ async def test_trainer_abort_answers_the_in_flight_call_with_an_error() -> None:
         with pytest.raises(openai.APIStatusError) as err:
             await client.chat.completions.create(model="m", messages=_conversation())
         assert err.value.status_code == 410
+
+
+async def test_the_sessions_lora_adapter_and_routing_key_reach_every_policy_call() -> None:
+    async with gateway_env() as env:
+        session = await env.open(lora_path="policy-lora-3")
+        client = async_client(base_url=env.openai_url(session), api_key=session.secret)
+        await client.chat.completions.create(model="m", messages=_conversation())
+        plain = await env.open()
+        client = async_client(base_url=env.openai_url(plain), api_key=plain.secret)
+        await client.chat.completions.create(model="m", messages=_conversation())
+    first, second = env.replay.stats.calls
+    assert first.lora_path == "policy-lora-3" and second.lora_path is None
+    assert first.headers["X-SMG-Routing-Key"] == session.id
+    assert second.headers["X-SMG-Routing-Key"] == plain.id
