@@ -241,6 +241,8 @@ class ReplayCall:
     headers: dict[str, str]
     script_key: str | None
     sampling_seed: int | None = None
+    # The request's SGLang LoRA adapter name (None: none sent, the base model).
+    lora_path: str | None = None
 
 
 @dataclass
@@ -363,7 +365,15 @@ class ReplayPolicyServer:
         turn += sum(int(n) for n in _OMITTED.findall(text))
         key = None if self.garbage else self._key_for(text)
         seed = params.get("sampling_seed")
-        self.stats.calls.append(ReplayCall(headers or {}, key, None if seed is None else int(seed)))
+        lora = body.get("lora_path")
+        self.stats.calls.append(
+            ReplayCall(
+                headers or {},
+                key,
+                None if seed is None else int(seed),
+                None if lora is None else str(lora),
+            )
+        )
         script = None if key is None else self.scripts[key]
         finish = "stop"
         if self.abort_on_turn is not None and turn >= self.abort_on_turn:

@@ -13,6 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from swerl.agent.gateway.service import Gateway
+from swerl.agent.gateway.wire import SessionRpcs
 from swerl.agent.runner import EpisodeRunner, JudgeFactory
 from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
@@ -56,16 +58,36 @@ class AgentServer(ServiceHost):
                 default_endpoint=settings.prm_endpoint,
             )
         self.runner = EpisodeRunner(settings, provider, judge_factory=judge_factory)
+        self.gateway: Gateway | None = None
+        if settings.gateway_port is not None:
+            # The model gateway shares the runner's CPU pool, HTTP client and codec cache.
+            self.gateway = Gateway(
+                http_session=self.runner.session,
+                codecs=self.runner.codec,
+                executor=self.runner.executor,
+                host=settings.gateway_host or settings.host,
+                port=settings.gateway_port,
+                public_url=settings.gateway_public_url or "",
+                routing_key_header=settings.routing_key_header,
+                max_sessions=settings.gateway_max_sessions,
+            )
         self.server = GrpcServer(settings, name="agent")
         self.server.add_service(
             agent_pb2_grpc.add_AgentServiceServicer_to_server,
-            AgentServicer(self.runner),
+            AgentServicer(self.runner, SessionRpcs(self.gateway, self.runner.executor)),
             [AGENT_SERVICE],
         )
         self.server.add_shutdown_callback(self._shutdown)
         self.port = 0
 
+    async def start(self) -> int:
+        if self.gateway is not None:
+            await self.gateway.start()
+        return await super().start()
+
     async def _shutdown(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
         await self.runner.close()
         if self._prm is not None:
             await self._prm.close()
