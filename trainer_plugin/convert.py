@@ -18,8 +18,9 @@ A lone sample leaves it None (slime then assigns a fresh id, ray/rollout.py:647-
 episode's id for swerl's own grouping is always in `metadata["rollout_id"]`.
 
 Status mapping: SUBMITTED and SANDBOX_BROKEN (the policy broke its sandbox, reward -1) →
-COMPLETED; LIMIT_* → TRUNCATED; CANCELLED / ABORTED → ABORTED with reward 0.0 (slime computes no
-reward for ABORTED samples but the trainer needs one); INFRA_ERROR, and any outcome without a
+COMPLETED, as is HARNESS_FAILED (graded on its sandbox); LIMIT_* and HARNESS_TIMEOUT →
+TRUNCATED; CANCELLED / ABORTED → ABORTED with reward 0.0 (slime computes no reward for ABORTED
+samples but the trainer needs one); INFRA_ERROR, and any outcome without a
 usable trajectory or reward → one placeholder with `remove_sample=True`, reward 0.0,
 `loss_mask=[0]` and `metadata["infra_error"] = True`, for the dynamic-sampling filter to drop its
 group. Infra failures are never scored as wrong answers.
@@ -57,6 +58,10 @@ _SLIME_STATUS = {
     S.EPISODE_STATUS_ABORTED: "ABORTED",
     # The policy's own command broke its sandbox: a failed attempt (reward -1), trained on.
     S.EPISODE_STATUS_SANDBOX_BROKEN: "COMPLETED",
+    # A harness (EpisodeOptions.harness) that failed on its own: graded on its sandbox, trained
+    # on like a submission; one that outlived its budget: cut short, like LIMIT_TIME.
+    S.EPISODE_STATUS_HARNESS_FAILED: "COMPLETED",
+    S.EPISODE_STATUS_HARNESS_TIMEOUT: "TRUNCATED",
 }
 
 # Metadata keys the plugin writes on every sample (the filter, metrics and post-process read

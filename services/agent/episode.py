@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from swerl.agent import branching, grading
 from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.harnesses import HarnessFailed, HarnessRun, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
 from swerl.agent.pacing import IterationGate
@@ -146,6 +147,8 @@ class Episode:
         self._forked: ForkedSandbox | None = None
         self._branches: list[Episode] = []
         self._last_branch_result: pb.RunEpisodeResponse | None = None
+        # Who drives the episode in its sandbox (EpisodeOptions.harness; the runner checked it).
+        self.harness = harness_named(spec.harness)
 
     @property
     def key(self) -> str:
@@ -240,7 +243,8 @@ class Episode:
                 )
             agent_started = time.monotonic()
             agent_before = self.clock.agent_s  # a branch's share of its trunk's time
-            loop = asyncio.get_running_loop().create_task(self._agent_loop(sandbox))
+            harness = self.harness
+            loop = asyncio.get_running_loop().create_task(self._drive(sandbox))
             # One watcher per episode (not per call): a lost lease stops the loop at once.
             lost = asyncio.ensure_future(sandbox.lost.wait())
             try:
@@ -257,11 +261,15 @@ class Episode:
                         await loop
                     if lost in done:
                         raise lease_lost(sandbox)
-                    self._end(EpisodeStatus.LIMIT_TIME)
+                    self._end(harness.timeout_status)
             finally:
                 lost.cancel()
                 if not loop.done():
                     loop.cancel()
+                # Whatever the harness started stops before the sandbox is released or graded
+                # (its budget, a lost lease, the trainer's abort, or its own end).
+                with contextlib.suppress(Exception):
+                    await harness.cancel()
                 self.clock.agent_s = agent_before + time.monotonic() - agent_started
             if self.graded:
                 if self.submission is not None:
@@ -270,6 +278,20 @@ class Episode:
                     self.patch = await guarded(sandbox, sandbox.diff())
             elif self.status is None and spec.branching:  # the trunk is at the fork
                 forks.extend(await branching.fork(self._provider, sandbox, spec))
+
+    async def _drive(self, sandbox: SandboxHandle) -> None:
+        """The harness's prepare and run in the sandbox; its failure ends HARNESS_FAILED (the
+        sandbox is graded as it stands), its submission is the episode's patch."""
+        run = HarnessRun(spec=self.spec, sandbox=sandbox, agent_loop=self._agent_loop)
+        try:
+            await self.harness.prepare(run)
+            submitted = await self.harness.run(run)
+        except HarnessFailed as err:
+            self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
+            return
+        if self.status is None and not (self.spec.branching and self.branch is None):
+            self.submission = submitted
+            self._end(EpisodeStatus.SUBMITTED)
 
     def _sandbox(self) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
         if self._forked is not None:

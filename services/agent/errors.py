@@ -18,6 +18,12 @@ class UnknownConfig(InvalidArgument):
     reason = "UNKNOWN_AGENT_CONFIG"
 
 
+class UnknownHarness(InvalidArgument):
+    """EpisodeOptions.harness names no harness this agent has."""
+
+    reason = "UNKNOWN_HARNESS"
+
+
 class TokenizerUnavailable(InvalidArgument):
     reason = "TOKENIZER_UNAVAILABLE"
 
@@ -52,4 +58,5 @@ __all__ = [
     "SwerlError",
     "TokenizerUnavailable",
     "UnknownConfig",
+    "UnknownHarness",
 ]

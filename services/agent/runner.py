@@ -25,6 +25,7 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
+from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
@@ -216,6 +217,13 @@ class EpisodeRunner:
                     "options.branch needs SGLANG_GENERATE: branches copy the exact token state",
                     field="options.branch",
                 )
+        harness = opts.harness or DEFAULT_HARNESS
+        harness_named(harness)  # an unknown name is refused here (UNKNOWN_HARNESS)
+        if harness != DEFAULT_HARNESS and (branch.count or branch.at_turn):
+            raise InvalidEpisodeStart(
+                "options.branch needs the builtin harness: only swerl's loop can stop at a turn",
+                field="options.branch",
+            )
         params = sampling_params_of(MessageToDict(start.policy.sampling_params))
         max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
         prm = start.prm
@@ -251,6 +259,7 @@ class EpisodeRunner:
             ),
             branch_at=branch.at_turn,
             branch_count=branch.count,
+            harness=harness,
         )
 
     async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:

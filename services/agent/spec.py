@@ -39,6 +39,8 @@ class EpisodeSpec:
     # EpisodeOptions.branch: the trunk runs `branch_at` turns, then `branch_count` branches go on.
     branch_at: int = 0
     branch_count: int = 0
+    # EpisodeOptions.harness: who drives the episode in its sandbox (swerl.agent.harnesses).
+    harness: str = "builtin"
 
     @property
     def branching(self) -> bool:

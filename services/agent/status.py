@@ -16,6 +16,10 @@ class EpisodeStatus(enum.Enum):
     # The policy's own command killed what its sandbox runs on and the sandbox could not be
     # started again: the policy's doing, scored like a failed attempt (reward -1, not graded).
     SANDBOX_BROKEN = "sandbox_broken"
+    # A harness other than the builtin loop failed on its own, or outlived its budget and was
+    # stopped: the policy's side, graded on what the sandbox holds.
+    HARNESS_FAILED = "harness_failed"
+    HARNESS_TIMEOUT = "harness_timeout"
 
     @property
     def graded(self) -> bool:
@@ -29,5 +33,7 @@ _GRADED = frozenset(
         EpisodeStatus.LIMIT_TURNS,
         EpisodeStatus.LIMIT_CONTEXT,
         EpisodeStatus.LIMIT_TIME,
+        EpisodeStatus.HARNESS_FAILED,
+        EpisodeStatus.HARNESS_TIMEOUT,
     }
 )

@@ -19,6 +19,8 @@ EPISODE_STATUS_PB: dict[EpisodeStatus, pb.EpisodeStatus] = {
     EpisodeStatus.ABORTED: pb.EPISODE_STATUS_ABORTED,
     EpisodeStatus.INFRA_ERROR: pb.EPISODE_STATUS_INFRA_ERROR,
     EpisodeStatus.SANDBOX_BROKEN: pb.EPISODE_STATUS_SANDBOX_BROKEN,
+    EpisodeStatus.HARNESS_FAILED: pb.EPISODE_STATUS_HARNESS_FAILED,
+    EpisodeStatus.HARNESS_TIMEOUT: pb.EPISODE_STATUS_HARNESS_TIMEOUT,
 }
 
 STEP_SCORE_STATE_PB: dict[StepScoreState, pb.StepScoreState] = {

@@ -1,0 +1,65 @@
+"""The harness seam: what drives an episode inside its leased sandbox.
+
+A harness is one module under `swerl.agent.harnesses` with one class behind `Harness`: the
+episode leases the sandbox, calls `prepare`, then `run` under the episode's time budget, and
+grades what the sandbox holds afterwards. The episode, not the harness, owns the clock and the
+lease: when the budget runs out, the lease is lost or the trainer aborts, it cancels `run` and
+calls `cancel` (which must stop whatever the harness started at once, and be idempotent).
+
+Pure domain: no gRPC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from swerl.agent.sandbox import SandboxHandle
+from swerl.agent.spec import EpisodeSpec
+from swerl.agent.status import EpisodeStatus
+
+
+class HarnessFailed(Exception):
+    """The harness stopped on its own with a failure (crash, non-zero exit): the episode ends
+    HARNESS_FAILED and is graded on its sandbox. `detail` is what the harness reported."""
+
+    reason = "HARNESS_FAILED"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    """What one harness run gets from its episode."""
+
+    spec: EpisodeSpec
+    sandbox: SandboxHandle
+    # swerl's own policy loop over this sandbox (the builtin harness runs it; others ignore it).
+    agent_loop: Callable[[SandboxHandle], Awaitable[None]]
+
+
+class Harness(Protocol):
+    # The harness's name in EpisodeOptions.harness.
+    name: str
+    # How the episode ends when `run` outlives the budget: LIMIT_TIME for swerl's loop (the
+    # contract before harnesses), HARNESS_TIMEOUT for the others.
+    timeout_status: EpisodeStatus
+
+    async def prepare(self, run: HarnessRun) -> None:
+        """Readies the harness in its sandbox (counted in the episode's budget)."""
+        ...
+
+    async def run(self, run: HarnessRun) -> str | None:
+        """Drives the episode to its end; returns the submission (the patch) when the harness
+        names one, None to grade the sandbox's diff. Raises HarnessFailed on its failure."""
+        ...
+
+    async def cancel(self) -> None:
+        """Stops everything `run` started, at once; idempotent."""
+        ...
+
+
+HarnessFactory = Callable[[], Harness]

@@ -1,0 +1,206 @@
+"""The harness seam (EpisodeOptions.harness) on the real stack: real dockerd, pool, exec node and
+agent on port 0. The harnesses here are test harnesses behind swerl's own `Harness` Protocol that
+act in the real leased sandbox; each test asserts the episode's status, reason, grading, and
+that nothing is left (no container, no active lease)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from agent_testkit import (
+    agent_stack,
+    bundled_tasks,
+    result_of,
+    run_to_result,
+    sandboxes_left,
+    start_for,
+)
+
+from swerl.agent.harnesses import HARNESSES, HarnessFailed, HarnessRun
+from swerl.agent.status import EpisodeStatus
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.client import error_info
+from swerl.chassis.timeconv import duration_pb
+from swerl.exec.v1 import evaluate_pb2
+from swerl.pool.client import PoolClient
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+NO_POLICY = "http://127.0.0.1:9"  # the test harnesses never call the policy
+
+
+class ScriptedHarness:
+    """Runs `commands` in the sandbox in order (the gold patch on stdin where asked), then ends
+    as `ending` says: "submit" returns the gold patch, "diff" returns None, "fail" raises
+    HarnessFailed; a command that ends killed by a signal fails the harness."""
+
+    timeout_status = EpisodeStatus.HARNESS_TIMEOUT
+
+    def __init__(self, name: str, commands: list[str], ending: str, gold: str) -> None:
+        self.name = name
+        self.commands = commands
+        self.ending = ending
+        self.gold = gold
+        self.prepared = False
+        self.cancels = 0
+        self.running = asyncio.Event()
+
+    async def prepare(self, run: HarnessRun) -> None:
+        self.prepared = True
+
+    async def run(self, run: HarnessRun) -> str | None:
+        self.running.set()
+        workdir = run.spec.config.workdir
+        for command in self.commands:
+            stdin = self.gold.encode() if "git apply" in command else None
+            result = await run.sandbox.run(command, timeout_s=600, env={}, cwd=workdir, stdin=stdin)
+            if result.exit_code > 128:
+                raise HarnessFailed(f"harness process killed by signal {result.exit_code - 128}")
+        if self.ending == "fail":
+            raise HarnessFailed("harness exited with status 3")
+        return self.gold if self.ending == "submit" else None
+
+    async def cancel(self) -> None:
+        self.cancels += 1
+
+
+@pytest.fixture
+def harness(monkeypatch):
+    """Registers one ScriptedHarness under a test name; returns a maker."""
+    made: list[ScriptedHarness] = []
+
+    def make(commands: list[str], ending: str, gold: str) -> ScriptedHarness:
+        one = ScriptedHarness(f"test-{len(made)}", commands, ending, gold)
+        made.append(one)
+        monkeypatch.setitem(HARNESSES, one.name, lambda: one)
+        return one
+
+    return make
+
+
+def _start(task, episode_id: str, harness: str, wall_s: float = 120.0) -> pb.EpisodeStart:
+    start = start_for(task, NO_POLICY, episode_id)
+    start.options.harness = harness
+    start.limits.wall_timeout.CopyFrom(duration_pb(wall_s))
+    return start
+
+
+async def _no_leases(env) -> None:
+    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
+    try:
+        active = [lease for lease in await pool.list_leases() if lease.state == 1]
+        assert active == [], active
+    finally:
+        await pool.close()
+
+
+async def test_an_unknown_harness_is_invalid_argument_unknown_harness():
+    task = bundled_tasks()[0]
+    async with agent_stack() as env:
+        start = _start(task, "unknown-harness", "no-such-harness")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await run_to_result(env.stub, start)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value)[0] == "UNKNOWN_HARNESS"
+        # The default by name runs swerl's loop (no policy here: INFRA_ERROR, not a refusal).
+        result = result_of(await run_to_result(env.stub, _start(task, "named-builtin", "builtin")))
+        assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
+        await _no_leases(env)
+    assert sandboxes_left() == []
+
+
+async def test_a_harness_cannot_branch(harness):
+    task = bundled_tasks()[0]
+    one = harness([], "diff", task.gold_patch)
+    async with agent_stack() as env:
+        start = _start(task, "branching-harness", one.name)
+        start.options.branch.at_turn, start.options.branch.count = 1, 2
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await run_to_result(env.stub, start)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(caught.value)[0] == "INVALID_EPISODE_START"
+
+
+async def test_a_harness_submission_is_the_patch_and_is_graded(harness):
+    task = bundled_tasks()[0]
+    one = harness(["true"], "submit", task.gold_patch)
+    async with agent_stack() as env:
+        result = result_of(await run_to_result(env.stub, _start(task, "h-submit", one.name)))
+        await _no_leases(env)
+    assert one.prepared and one.cancels == 1
+    assert result.status == pb.EPISODE_STATUS_SUBMITTED
+    assert result.patch == task.gold_patch.encode()
+    assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+    assert result.reward == 1.0
+    assert sandboxes_left() == []
+
+
+async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harness):
+    task = bundled_tasks()[0]
+    one = harness(["git apply -"], "fail", task.gold_patch)
+    async with agent_stack() as env:
+        result = result_of(await run_to_result(env.stub, _start(task, "h-fail", one.name)))
+        await _no_leases(env)
+    assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
+    assert result.error_reason == "HARNESS_FAILED"
+    assert result.error_message == "harness exited with status 3"
+    # What the harness wrote before it failed is what is graded: the gold fix resolves.
+    assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
+    assert result.reward == 1.0
+    assert sandboxes_left() == []
+
+
+async def test_a_harness_killed_mid_run_is_harness_failed_and_leaves_nothing(harness):
+    task = bundled_tasks()[0]
+    one = harness(["echo x >> README.md; kill -9 $$", "echo never >> README.md"], "diff", "")
+    async with agent_stack() as env:
+        result = result_of(await run_to_result(env.stub, _start(task, "h-killed", one.name)))
+        await _no_leases(env)
+    assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
+    assert result.error_reason == "HARNESS_FAILED"
+    assert "killed by signal 9" in result.error_message
+    assert b"README.md" in result.patch and b"never" not in result.patch
+    assert result.reward == -1.0
+    assert one.cancels == 1
+    assert sandboxes_left() == []
+
+
+async def test_a_harness_that_never_exits_is_stopped_at_its_budget_harness_timeout(harness):
+    task = bundled_tasks()[0]
+    one = harness(["echo x >> README.md", "sleep 600"], "diff", "")
+    async with agent_stack() as env:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        start = _start(task, "h-hang", one.name, wall_s=4.0)
+        result = result_of(await run_to_result(env.stub, start))
+        elapsed = loop.time() - began
+        await _no_leases(env)
+    assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT
+    assert b"README.md" in result.patch and result.reward == -1.0
+    assert one.cancels == 1
+    assert elapsed < 120, elapsed  # stopped at its budget, not at the command's 600 s
+    assert sandboxes_left() == []
+
+
+async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):
+    task = bundled_tasks()[0]
+    one = harness(["sleep 600"], "diff", "")
+    async with agent_stack() as env:
+        call = env.stub.RunEpisode(timeout=300)
+        await call.write(pb.RunEpisodeRequest(start=_start(task, "h-abort", one.name)))
+        await asyncio.wait_for(one.running.wait(), 120)
+        await asyncio.sleep(0.5)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
+        await call.write(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="rollout aborted")))
+        messages = [message async for message in call]
+        took = loop.time() - sent
+        await _no_leases(env)
+    result = result_of(messages)
+    assert result.status == pb.EPISODE_STATUS_CANCELLED
+    assert result.error_message == "rollout aborted" and not result.HasField("reward")
+    assert one.cancels == 1
+    assert took < 5.0, took
+    assert sandboxes_left() == []
