@@ -577,6 +577,7 @@ def build_start(
             artifact_dir=settings.artifact_dir,
             config_name=settings.config_name,
             owner=lease_owner(args, sample, settings, evaluation=evaluation),
+            harness=settings.harness,
         ),
     )
 

@@ -118,6 +118,11 @@ class PluginSettings(BaseSettings):
         "", description="Directory on the agent's host for per-episode artifacts; empty = none."
     )
     config_name: str = Field("", description="Agent config (templates, defaults); empty = default.")
+    harness: str = Field(
+        "",
+        description="Who drives each episode in its sandbox (EpisodeOptions.harness): builtin "
+        "(swerl's own loop) or another harness the agent has; empty = builtin.",
+    )
     tokenizer_path: str = Field(
         "", description="Tokenizer directory as the agent sees it; empty = slime's hf_checkpoint."
     )

@@ -108,6 +108,15 @@ async def test_start_carries_instance_router_tokenizer_and_a_copy_of_sampling_pa
     assert not start.options.dynamic_history
     assert start.options.owner == f"{fw.NAME}/train/group-0"
     assert metadata["x-request-id"] == start.episode_id
+    assert start.options.harness == ""  # the agent's default: builtin
+
+
+async def test_the_harness_setting_reaches_the_start(fw, sampling_params, monkeypatch):
+    monkeypatch.setenv("SWERL_PLUGIN_HARNESS", "builtin")
+    async with agent() as server:
+        await fw.generate(make_args([server.address]), make_sample(), sampling_params)
+        (start,) = server.agent.starts
+    assert start.options.harness == "builtin"
 
 
 async def test_explicit_image_name_wins_and_agent_token_is_sent(fw, sampling_params):
@@ -128,6 +137,8 @@ async def test_explicit_image_name_wins_and_agent_token_is_sent(fw, sampling_par
         (S.EPISODE_STATUS_LIMIT_TURNS, "TRUNCATED"),
         (S.EPISODE_STATUS_LIMIT_CONTEXT, "TRUNCATED"),
         (S.EPISODE_STATUS_LIMIT_TIME, "TRUNCATED"),
+        (S.EPISODE_STATUS_HARNESS_FAILED, "COMPLETED"),
+        (S.EPISODE_STATUS_HARNESS_TIMEOUT, "TRUNCATED"),
     ],
 )
 @pytest.mark.parametrize("per_turn", [False, True])
