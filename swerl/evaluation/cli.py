@@ -164,6 +164,7 @@ async def _run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         artifact_dir=args.remote_artifact_dir if args.agent else str(out.artifacts.resolve()),
         config_name=args.config_name,
+        harness=args.harness,
         branch_at=args.branch_at or 0,
         branches=args.branches or 0,
     )
@@ -334,6 +335,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--concurrency", "-j", type=int, default=4, help="episodes at once")
     run.add_argument("--retry-errors", action="store_true", help="re-run INFRA_ERROR/ABORTED")
     run.add_argument("--config-name", default="", help="agent config (default: 'default')")
+    run.add_argument(
+        "--harness", default="", help="who drives each episode (default: builtin, swerl's loop)"
+    )
     run.add_argument("--max-turns", type=int, default=0, help="0: the agent config's")
     run.add_argument("--max-context-tokens", type=int, default=0)
     run.add_argument("--max-new-tokens", type=int, default=0)

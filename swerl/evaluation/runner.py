@@ -54,6 +54,8 @@ class EvalConfig:
     artifact_dir: str = ""
     config_name: str = ""
     owner: str = "swerl-eval"
+    # EpisodeOptions.harness: who drives each episode ("" = the agent's default, builtin).
+    harness: str = ""
     # Best-of-n from a shared start: turns of the shared trunk, and branches (0: no branching).
     branch_at: int = 0
     branches: int = 0
@@ -94,7 +96,10 @@ def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -
             eval_timeout_s=config.eval_timeout_s,
         ),
         options=pb.EpisodeOptions(
-            artifact_dir=config.artifact_dir, config_name=config.config_name, owner=config.owner
+            artifact_dir=config.artifact_dir,
+            config_name=config.config_name,
+            owner=config.owner,
+            harness=config.harness,
         ),
         sampling_params=config.sampling_params,
     )

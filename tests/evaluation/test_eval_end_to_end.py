@@ -177,6 +177,20 @@ def test_sigint_leaves_no_sandbox_and_a_resumable_output_dir(tmp_path):
     assert all(r["resolved"] for r in records)
 
 
+def test_harness_names_who_drives_the_episodes(tmp_path):
+    (one,) = [i for i in ALL if "romans" in i]
+    flags = ["--replay", "gold", "--instance-ids", one, "-j", "1"]
+    named = _eval(*flags, "--harness", "builtin", "-o", str(tmp_path / "builtin"))
+    assert named.returncode == 0, named.stderr[-2000:]
+    (record,) = _records(tmp_path / "builtin")
+    assert record["status"] == "SUBMITTED" and record["resolved"] is True
+    unknown = _eval(*flags, "--harness", "no-such-harness", "-o", str(tmp_path / "unknown"))
+    # The agent refuses the start; eval records the refusal's reason on the row.
+    (refused,) = _records(tmp_path / "unknown")
+    assert refused["status"] == "INFRA_ERROR", unknown.stderr[-2000:]
+    assert refused["error_reason"] == "UNKNOWN_HARNESS"
+
+
 def test_bad_invocations_exit_2_with_a_reason(tmp_path):
     no_policy = _eval("-o", str(tmp_path / "a"))
     assert no_policy.returncode == 2 and "--policy-url" in no_policy.stderr

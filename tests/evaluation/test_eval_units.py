@@ -89,6 +89,9 @@ def test_episode_start_carries_the_instance_policy_limits_and_options():
     assert start.policy.sampling_params["temperature"] == 0.5
     assert start.limits.max_turns == 7 and start.limits.eval_timeout.seconds == 90
     assert start.options.artifact_dir == "/tmp/a"
+    assert start.options.harness == ""  # the agent's default (builtin)
+    named = episode_start(instance, EvalConfig(policy_endpoint="http://p", harness="x"), "e")
+    assert named.options.harness == "x"
 
 
 def _record(iid: str, status: str, resolved: bool = False, **extra) -> dict:
