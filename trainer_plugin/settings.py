@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 CONFIG_KEY_PREFIX = "swerl_"
@@ -176,6 +176,20 @@ class PluginSettings(BaseSettings):
                 raise ValueError("agent_addresses needs at least one host:port")
             return addresses
         return value
+
+    @model_validator(mode="after")
+    def _budgets_in_order(self) -> PluginSettings:
+        # The agent's budgets (its loop, then the grading) end the episode and free its sandbox;
+        # the call's own deadline must come after both, else every long episode is cut from
+        # this side while the agent still works for it.
+        if self.wall_timeout_s and self.eval_timeout_s:
+            agent_side = self.wall_timeout_s + self.eval_timeout_s
+            if self.episode_deadline_s <= agent_side:
+                raise ValueError(
+                    f"episode_deadline_s ({self.episode_deadline_s:g}) must exceed "
+                    f"wall_timeout_s + eval_timeout_s ({agent_side:g}), the agent's own budget"
+                )
+        return self
 
     @field_validator("agent_token", "pool_token", mode="before")
     @classmethod
