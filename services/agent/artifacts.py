@@ -1,5 +1,6 @@
 """Episode artifacts: `<dir>/<instance_id>__<episode_id>/` with traj.json (mini-swe-agent style
-messages, per-step debug, info), patch.diff, meta.json and, when the episode has token records,
+messages, per-step debug, info), patch.diff, meta.json, harness.log (a harness's own log, when it
+keeps one) and, when the episode has token records,
 tokens.json (the records as trained, read by `swerl inspect`), written in the thread pool."""
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ def _write(
     patch: bytes,
     meta: dict[str, Any],
     result: pb.EpisodeResult,
+    harness_log: bytes = b"",
 ) -> str:
     directory.mkdir(parents=True, exist_ok=True)
+    if harness_log:
+        (directory / "harness.log").write_bytes(harness_log)
     (directory / "traj.json").write_text(json.dumps(traj, indent=1))
     (directory / "patch.diff").write_bytes(patch)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -85,6 +89,7 @@ async def write_artifacts(
         "instance_id": spec.instance.instance_id,
         "image": spec.instance.image_name,
         "status": status,
+        "harness": spec.harness,
         "reward": info["reward"],
         "report": MessageToDict(result.report) if result.HasField("report") else None,
         "limits": {
@@ -102,5 +107,12 @@ async def write_artifacts(
     directory = episode_dir(spec.artifact_dir, spec.instance.instance_id, episode.key)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(
-        executor, _write, directory, traj, bytes(result.patch), meta, result
+        executor,
+        _write,
+        directory,
+        traj,
+        bytes(result.patch),
+        meta,
+        result,
+        episode.harness.log(),
     )

@@ -6,6 +6,7 @@ that nothing is left (no container, no active lease)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import grpc
 import pytest
@@ -46,6 +47,7 @@ class ScriptedHarness:
         self.prepared = False
         self.cancels = 0
         self.running = asyncio.Event()
+        self.output = bytearray()
 
     async def prepare(self, run: HarnessRun) -> None:
         self.prepared = True
@@ -56,6 +58,7 @@ class ScriptedHarness:
         for command in self.commands:
             stdin = self.gold.encode() if "git apply" in command else None
             result = await run.sandbox.run(command, timeout_s=600, env={}, cwd=workdir, stdin=stdin)
+            self.output += result.output
             if result.exit_code > 128:
                 raise HarnessFailed(f"harness process killed by signal {result.exit_code - 128}")
         if self.ending == "fail":
@@ -64,6 +67,9 @@ class ScriptedHarness:
 
     async def cancel(self) -> None:
         self.cancels += 1
+
+    def log(self) -> bytes:
+        return bytes(self.output)
 
 
 @pytest.fixture
@@ -137,12 +143,19 @@ async def test_a_harness_submission_is_the_patch_and_is_graded(harness):
     assert sandboxes_left() == []
 
 
-async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harness):
+async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harness, tmp_path):
     task = bundled_tasks()[0]
-    one = harness(["git apply -"], "fail", task.gold_patch)
+    one = harness(["git apply -", "echo harness-said-this"], "fail", task.gold_patch)
+    start = _start(task, "h-fail", one.name)
+    start.options.artifact_dir = str(tmp_path)
     async with agent_stack() as env:
-        result = result_of(await run_to_result(env.stub, _start(task, "h-fail", one.name)))
+        result = result_of(await run_to_result(env.stub, start))
         await _no_leases(env)
+    # The harness's own log is kept beside traj.json; meta.json names the harness.
+    (directory,) = tmp_path.iterdir()
+    assert (directory / "harness.log").read_bytes().strip() == b"harness-said-this"
+    assert (directory / "traj.json").exists()
+    assert json.loads((directory / "meta.json").read_text())["harness"] == one.name
     assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
     assert result.error_reason == "HARNESS_FAILED"
     assert result.error_message == "harness exited with status 3"

@@ -61,5 +61,10 @@ class Harness(Protocol):
         """Stops everything `run` started, at once; idempotent."""
         ...
 
+    def log(self) -> bytes:
+        """The harness's own log so far (kept beside traj.json as `harness.log`); empty when it
+        has none of its own."""
+        ...
+
 
 HarnessFactory = Callable[[], Harness]

@@ -23,3 +23,6 @@ class BuiltinHarness:
         # The loop is a task of the episode: cancelling `run` stops its policy call and its
         # running command; nothing else was started.
         return None
+
+    def log(self) -> bytes:
+        return b""  # swerl's loop: its record is traj.json itself
