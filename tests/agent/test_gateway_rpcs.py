@@ -111,6 +111,7 @@ async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, repl
     assert [c.kind for c in live.calls] == [pb.SESSION_CALL_KIND_ROOT]
     assert live.calls[0].protocol == "openai" and live.calls[0].tool_calls == 1
     assert live.metrics["gateway_calls"] == 1 and live.metrics["tool_calls"] == 1
+    assert live.calls[0].request_messages == live.calls[0].rendered_messages == 1
     assert live.metrics["gateway_sampled_tokens"] == len(replay.stats.requests_seen[0][1])
     assert live.metrics["model_query_time_sum"] > 0
     close = pb.CloseSessionRequest(request_id="close-1", session_id=opened.session_id, reward=1.0)

@@ -336,6 +336,8 @@ class SessionStore:
             weight_version=generation.weight_version,
             reused_tokens=reused,
             tool_calls=len(parsed.tool_calls),
+            request_messages=len(conv.messages),
+            rendered_messages=len(conv.messages) - start,
             digest=digest,
         )
         if session.records is None:

@@ -90,6 +90,8 @@ def session_pb(session: Session) -> pb.GetSessionResponse:
             sampled_tokens=len(node.output_ids),
             finish_reason=node.finish_reason,
             tool_calls=node.tool_calls,
+            request_messages=node.request_messages,
+            rendered_messages=node.rendered_messages,
         )
         if node.parent is not None:
             call.parent_call_index = node.parent.index
