@@ -41,7 +41,7 @@ async def replay():
         await server.stop()
 
 
-async def _agent(gateway: bool) -> AgentServer:
+async def _agent(gateway: bool, max_sessions: int = 4096) -> AgentServer:
     settings = AgentSettings(
         host="127.0.0.1",
         port=0,
@@ -49,6 +49,7 @@ async def _agent(gateway: bool) -> AgentServer:
         log_level="warning",
         tokenizer_processes=0,
         gateway_port=0 if gateway else None,
+        gateway_max_sessions=max_sessions,
     )
     server = AgentServer(settings, provider=NoSandboxes())  # type: ignore[arg-type]
     await server.start()
@@ -249,3 +250,21 @@ async def test_grpcurl_opens_a_session_the_openai_sdk_calls_and_grpcurl_closes_i
         token=TOKEN,
     )
     assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+async def test_sessions_past_the_limit_are_refused_until_one_closes(replay) -> None:
+    server = await _agent(gateway=True, max_sessions=1)
+    channel = make_channel(server.address, token=TOKEN)
+    try:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        first = await stub.OpenSession(_open(replay.url, request_id="one"), timeout=30)
+        await _refused(
+            stub.OpenSession(_open(replay.url, request_id="two"), timeout=30),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "GATEWAY_AT_CAPACITY",
+        )
+        await stub.CloseSession(pb.CloseSessionRequest(session_id=first.session_id), timeout=10)
+        assert (await stub.OpenSession(_open(replay.url, request_id="two"), timeout=30)).secret
+    finally:
+        await channel.close()
+        await server.stop(0)

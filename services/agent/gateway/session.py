@@ -171,9 +171,8 @@ class Session:
 
     @property
     def ended(self) -> bool:
-        return (
-            self.state in (SessionState.CLOSED, SessionState.ABORTED) and self.records is not None
-        )
+        """Closed (its records taken), whatever state it ended in."""
+        return self.records is not None
 
 
 class SessionStore:
