@@ -1,0 +1,283 @@
+"""E2B processes of one sandbox, each run as one Exec call on the sandbox's node.
+
+A process gets its pid from the face at once (so `commands.run(..., background=True)` returns
+before the node runs it); its output, its end and its errors are kept as E2B process events that
+the Start stream and any later Connect stream follow. stdin and signals go down the Exec call.
+
+The command runs as E2B runs it, `/bin/bash -c CMD`, in a session of its own (setsid), so that
+what it leaves running with `&` or nohup outlives it as it would on E2B; the node's shell traps
+SIGTERM to kill that session, which is how a kill, a timeout or a cancelled call ends all of it.
+Commands on one sandbox run one at a time on swerl's nodes: a background command holds the
+sandbox's command queue until it ends (detach with `&` for concurrency, see docs/e2b.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import shlex
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+from swerl.e2b.connect import ConnectError
+from swerl.exec.client import start_message
+from swerl.exec.v1 import sandbox_pb2 as pb
+
+# The backstop past a command's own deadline before the node kills it by itself.
+NODE_TIMEOUT_MARGIN_S = 5.0
+# A command with no deadline (timeout=0) still has one on the node.
+UNBOUNDED_COMMAND_S = 7 * 24 * 3600.0
+
+
+class ExecTarget(Protocol):
+    """Where a sandbox's commands go: its node's SandboxService stub and the current token."""
+
+    sandbox_id: str
+
+    def exec_call(self, timeout_s: float) -> Any: ...
+
+
+@dataclass
+class ProcessConfig:
+    cmd: str
+    args: list[str]
+    envs: dict[str, str]
+    cwd: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+        if self.cwd is not None:
+            body["cwd"] = self.cwd
+        return body
+
+
+def shell_command(config: ProcessConfig, user: str | None) -> str:
+    """The bash source the node runs for an E2B process (see the module's docstring)."""
+    argv = [config.cmd, *config.args]
+    if user and user != "root":
+        argv = ["runuser", "-u", user, "--", *argv]
+    inner = shlex.join(argv)
+    return (
+        f"setsid {inner} <&0 & __e2b_pid=$!\n"
+        "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM INT HUP\n"
+        "wait $__e2b_pid; __e2b_rc=$?\n"
+        'if [ "$__e2b_rc" -gt 128 ]; then wait $__e2b_pid 2>/dev/null; __e2b_w=$?;'
+        ' [ "$__e2b_w" -ne 127 ] && __e2b_rc=$__e2b_w; fi\n'
+        "(exit $__e2b_rc)"
+    )
+
+
+@dataclass
+class Process:
+    pid: int
+    tag: str | None
+    config: ProcessConfig
+    deadline: float | None  # monotonic
+    events: list[dict[str, Any]] = field(default_factory=list)
+    error: ConnectError | None = None
+    ended: bool = False
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    call: Any = None
+    task: asyncio.Task[None] | None = None
+    stdin_open: bool = False
+
+    def info(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"config": self.config.as_json(), "pid": self.pid}
+        if self.tag is not None:
+            body["tag"] = self.tag
+        return body
+
+    async def _emit(self, event: dict[str, Any] | None, error: ConnectError | None = None) -> None:
+        async with self.changed:
+            if event is not None:
+                self.events.append(event)
+            if error is not None:
+                self.error = error
+            if event is None or "end" in event:
+                self.ended = True
+            self.changed.notify_all()
+
+    async def follow(self, start: int, keepalive_s: float) -> AsyncIterator[dict[str, Any]]:
+        """The events from index `start` on, as they come, with a keepalive event after each
+        quiet `keepalive_s`; ends after the last one."""
+        index = start
+        while True:
+            quiet = False
+            async with self.changed:
+                try:
+                    await asyncio.wait_for(
+                        self.changed.wait_for(
+                            lambda seen=index: len(self.events) > seen or self.ended
+                        ),
+                        timeout=keepalive_s,
+                    )
+                except asyncio.TimeoutError:
+                    quiet = True
+                batch = self.events[index:]
+                done = self.ended
+            if quiet and not batch and not done:
+                yield {"keepalive": {}}
+                continue
+            index += len(batch)
+            for event in batch:
+                yield event
+            if done and index >= len(self.events):
+                return
+
+
+class ProcessTable:
+    """The E2B processes of one sandbox, by pid."""
+
+    def __init__(self, target: ExecTarget, *, max_output_bytes: int) -> None:
+        self.target = target
+        self.max_output_bytes = max_output_bytes
+        self.running: dict[int, Process] = {}
+        self._pids = itertools.count(1000)
+
+    def start(
+        self,
+        config: ProcessConfig,
+        *,
+        tag: str | None,
+        stdin: bool,
+        user: str | None,
+        env: Mapping[str, str],
+        timeout_s: float | None,
+    ) -> Process:
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
+        self.running[process.pid] = process
+        process.task = asyncio.get_running_loop().create_task(
+            self._run(process, user, env, timeout_s), name=f"e2b.process.{process.pid}"
+        )
+        return process
+
+    def find(self, selector: Mapping[str, Any]) -> Process:
+        if "pid" in selector:
+            process = self.running.get(int(selector["pid"]))
+        elif "tag" in selector:
+            process = next((p for p in self.running.values() if p.tag == selector["tag"]), None)
+        else:
+            raise ConnectError("invalid_argument", "the process selector names no pid or tag")
+        if process is None or process.ended:
+            raise ConnectError("not_found", f"process {dict(selector)} not found")
+        return process
+
+    async def _run(
+        self, process: Process, user: str | None, env: Mapping[str, str], timeout_s: float | None
+    ) -> None:
+        node_timeout = (timeout_s + NODE_TIMEOUT_MARGIN_S) if timeout_s else UNBOUNDED_COMMAND_S
+        start = start_message(
+            self.target.sandbox_id,
+            shell_command(process.config, user),
+            cwd=process.config.cwd or "",
+            env={**env, **process.config.envs},
+            timeout_s=node_timeout,
+            max_output_bytes=self.max_output_bytes,
+            open_stdin=process.stdin_open,
+        )
+        try:
+            call = process.call = self.target.exec_call(node_timeout + 30.0)
+            await call.write(pb.ExecRequest(start=start))
+            if not process.stdin_open:
+                await call.done_writing()
+            watchdog = None
+            if process.deadline is not None:
+                watchdog = asyncio.get_running_loop().create_task(self._expire(process))
+            try:
+                await self._pump(process, call)
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
+        except grpc.aio.AioRpcError as err:
+            await process._emit(None, _exec_error(err))
+        except asyncio.CancelledError:
+            await process._emit(None, ConnectError("canceled", "the sandbox was killed"))
+            raise
+        finally:
+            self.running.pop(process.pid, None)
+            if process.call is not None:
+                process.call.cancel()
+
+    async def _pump(self, process: Process, call: Any) -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            kind = response.WhichOneof("kind")
+            if kind == "output":
+                name = "stdout" if response.output.stream == pb.OUTPUT_STREAM_STDOUT else "stderr"
+                data = base64.b64encode(response.output.data).decode()
+                await process._emit({"data": {name: data}})
+            elif kind == "exit":
+                await self._exited(process, response.exit)
+                return
+        await process._emit(None, ConnectError("unavailable", "the command's node went away"))
+
+    async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
+        expired = process.deadline is not None and time.monotonic() >= process.deadline
+        if exit.timed_out or expired:
+            await process._emit(
+                None,
+                ConnectError(
+                    "deadline_exceeded",
+                    f"process {process.pid} outlived its timeout and was killed",
+                ),
+            )
+            return
+        code = exit.exit_code
+        end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+        if code > 128 and exit.signaled:
+            end["status"] = "signal: killed"
+        await process._emit({"end": end})
+
+    async def _expire(self, process: Process) -> None:
+        assert process.deadline is not None
+        await asyncio.sleep(max(0.0, process.deadline - time.monotonic()))
+        await self.signal(process, "SIGNAL_SIGKILL")
+
+    async def signal(self, process: Process, signal: str) -> None:
+        """Ends the process's whole session (SIGTERM and SIGKILL alike: the trap kills it)."""
+        if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM"):
+            raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
+        if process.call is not None and not process.ended:
+            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+                await process.call.write(
+                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
+                )
+
+    async def send_stdin(self, process: Process, data: bytes, *, close: bool = False) -> None:
+        if not process.stdin_open or process.call is None:
+            raise ConnectError("failed_precondition", f"process {process.pid} has no open stdin")
+        await process.call.write(pb.ExecRequest(stdin=pb.ExecStdin(data=data, close=close)))
+        if close:
+            process.stdin_open = False
+
+    async def close(self) -> None:
+        tasks = [p.task for p in self.running.values() if p.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _exec_error(err: grpc.aio.AioRpcError) -> ConnectError:
+    code = err.code()
+    details = err.details() or code.name
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ConnectError("not_found", details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ConnectError("failed_precondition", details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ConnectError("invalid_argument", details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return ConnectError("unauthenticated", details)
+    if code == grpc.StatusCode.CANCELLED:
+        return ConnectError("canceled", details)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return ConnectError("deadline_exceeded", details)
+    return ConnectError("unavailable", details)
