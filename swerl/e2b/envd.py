@@ -44,12 +44,25 @@ class PayloadTooLarge(Exception):
     pass
 
 
+class SandboxGone(Exception):
+    """The request names no live sandbox: answered as E2B's edge answers it (502, "... was not
+    found"), which the SDK reads as a sandbox that is not running."""
+
+
+@web.middleware
+async def unknown_sandbox(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SandboxGone as gone:
+        return web.json_response({"code": 502, "message": str(gone)}, status=502)
+
+
 def _sandbox(request: web.Request) -> Sandbox:
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     try:
         sandbox = request.app[REGISTRY_KEY].get(sandbox_id)
     except ApiError:
-        raise ConnectError("not_found", f"sandbox {sandbox_id!r} not found") from None
+        raise SandboxGone(f"The sandbox {sandbox_id} was not found") from None
     token = request.headers.get("X-Access-Token", "")
     if not hmac.compare_digest(token.encode(), sandbox.access_token.encode()):
         raise ConnectError("unauthenticated", "invalid access token for this sandbox")
@@ -327,11 +340,16 @@ async def _part_chunks(part: Any) -> AsyncIterator[bytes]:
 
 
 async def health(request: web.Request) -> web.Response:
+    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
+    try:
+        request.app[REGISTRY_KEY].get(sandbox_id)
+    except ApiError:
+        raise SandboxGone(f"The sandbox {sandbox_id} was not found") from None
     return web.Response(status=204)
 
 
 def make_envd_app(registry: SandboxRegistry, *, max_file_bytes: int) -> web.Application:
-    app = web.Application(client_max_size=max_file_bytes + (1 << 20))
+    app = web.Application(client_max_size=max_file_bytes + (1 << 20), middlewares=[unknown_sandbox])
     app[REGISTRY_KEY] = registry
     app[MAX_FILE_KEY] = max_file_bytes
     app.router.add_get("/health", health)

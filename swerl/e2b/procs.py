@@ -57,20 +57,27 @@ class ProcessConfig:
         return body
 
 
-def shell_command(config: ProcessConfig, user: str | None) -> str:
+# Where a running process's session id is kept in the sandbox, for a kill that must reach it.
+SESSION_DIR = "/tmp/.swerl-e2b"
+
+
+def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
     """The bash source the node runs for an E2B process (see the module's docstring)."""
     argv = [config.cmd, *config.args]
     if user and user != "root":
         argv = ["runuser", "-u", user, "--", *argv]
-    inner = shlex.join(argv)
+    record = f"{SESSION_DIR}/{pid}"
     return (
-        f"setsid {inner} <&0 & __e2b_pid=$!\n"
-        "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM INT HUP\n"
-        "wait $__e2b_pid; __e2b_rc=$?\n"
-        'if [ "$__e2b_rc" -gt 128 ]; then wait $__e2b_pid 2>/dev/null; __e2b_w=$?;'
-        ' [ "$__e2b_w" -ne 127 ] && __e2b_rc=$__e2b_w; fi\n'
-        "(exit $__e2b_rc)"
+        f"mkdir -p {SESSION_DIR}; setsid {shlex.join(argv)} <&0 & echo $! >{record}; "
+        f"wait $!; __e2b_rc=$?; rm -f {record}; (exit $__e2b_rc)"
     )
+
+
+def kill_session_command(pid: int) -> str:
+    """Kills what is left of a killed or timed-out process's session (the node's kill ends the
+    shell that waits on it, not the session)."""
+    record = f"{SESSION_DIR}/{pid}"
+    return f"[ -s {record} ] && kill -KILL -- -$(cat {record}) 2>/dev/null; rm -f {record}; true"
 
 
 @dataclass
@@ -86,6 +93,7 @@ class Process:
     call: Any = None
     task: asyncio.Task[None] | None = None
     stdin_open: bool = False
+    killed: bool = False
 
     def info(self) -> dict[str, Any]:
         body: dict[str, Any] = {"config": self.config.as_json(), "pid": self.pid}
@@ -175,7 +183,7 @@ class ProcessTable:
         node_timeout = (timeout_s + NODE_TIMEOUT_MARGIN_S) if timeout_s else UNBOUNDED_COMMAND_S
         start = start_message(
             self.target.sandbox_id,
-            shell_command(process.config, user),
+            shell_command(process.config, user, process.pid),
             cwd=process.config.cwd or "",
             env={**env, **process.config.envs},
             timeout_s=node_timeout,
@@ -184,9 +192,8 @@ class ProcessTable:
         )
         try:
             call = process.call = self.target.exec_call(node_timeout + 30.0)
+            # The write side stays open, closed stdin or not: signals go down it.
             await call.write(pb.ExecRequest(start=start))
-            if not process.stdin_open:
-                await call.done_writing()
             watchdog = None
             if process.deadline is not None:
                 watchdog = asyncio.get_running_loop().create_task(self._expire(process))
@@ -218,7 +225,10 @@ class ProcessTable:
         await process._emit(None, ConnectError("unavailable", "the command's node went away"))
 
     async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
+        """Emits the process's end, once a kill or a timeout has reached its whole session."""
         expired = process.deadline is not None and time.monotonic() >= process.deadline
+        if process.killed or exit.timed_out or expired:
+            await self._kill_session(process)
         if exit.timed_out or expired:
             await process._emit(
                 None,
@@ -240,14 +250,30 @@ class ProcessTable:
         await self.signal(process, "SIGNAL_SIGKILL")
 
     async def signal(self, process: Process, signal: str) -> None:
-        """Ends the process's whole session (SIGTERM and SIGKILL alike: the trap kills it)."""
+        """Ends the process's whole session (SIGTERM and SIGKILL alike)."""
         if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM"):
             raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
+        process.killed = True
         if process.call is not None and not process.ended:
             with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
                 await process.call.write(
-                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
+                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_KILL))
                 )
+
+    async def _kill_session(self, process: Process) -> None:
+        call = self.target.exec_call(30.0)
+        try:
+            start = start_message(
+                self.target.sandbox_id, kill_session_command(process.pid), timeout_s=10.0
+            )
+            await call.write(pb.ExecRequest(start=start))
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        except grpc.aio.AioRpcError:
+            pass
+        finally:
+            call.cancel()
 
     async def send_stdin(self, process: Process, data: bytes, *, close: bool = False) -> None:
         if not process.stdin_open or process.call is None:

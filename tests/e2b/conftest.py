@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from swerl.e2b.server import RunningFace, serve_face
 from swerl.e2b.settings import E2BSettings
+from swerl.pool.v1 import pool_pb2
 
 API_KEY = "e2b-test-key"
 IMAGE_KEY = "swerl-image"
@@ -39,15 +41,25 @@ class Face:
     def call(self, coro: Any, timeout: float = 60.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def leases(self) -> list[Any]:
+    def live_leases(self) -> list[Any]:
+        """The pool's leases of this face that have not ended."""
+
         async def listed() -> list[Any]:
             return [
                 lease
                 for lease in await self.face.registry.pool.list_leases()
-                if lease.owner.startswith("e2b/")
+                if lease.owner.startswith("e2b/") and lease.state != pool_pb2.LEASE_STATE_ENDED
             ]
 
         return self.call(listed())
+
+    def assert_nothing_left(self) -> None:
+        """No lease of the face is live in the pool and no container of it is on dockerd."""
+        deadline = time.monotonic() + 30
+        while (self.live_leases() or e2b_containers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.live_leases() == []
+        assert e2b_containers() == []
 
 
 def e2b_containers() -> list[str]:
