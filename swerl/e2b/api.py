@@ -24,8 +24,8 @@ API_KEY_KEY: web.AppKey[str] = web.AppKey("api_key", str)
 
 def error_response(status: int, message: str) -> web.Response:
     response = web.json_response({"code": status, "message": message}, status=status)
-    # The SDK retries 429/502/503/504 unless told not to; only capacity is worth a retry.
-    response.headers["Should-Retry"] = "true" if status in (429, 503) else "false"
+    # The SDK retries 429/502/503/504 unless told not to; only a full pool is worth it.
+    response.headers["Should-Retry"] = "true" if status == 429 else "false"
     return response
 
 

@@ -67,9 +67,16 @@ def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
     if user and user != "root":
         argv = ["runuser", "-u", user, "--", *argv]
     record = f"{SESSION_DIR}/{pid}"
+    # SIGTERM (a kill, or the face's deadline) makes the waiting shell kill the session at
+    # once; the record lets a later command kill it when the shell itself was killed.
     return (
-        f"mkdir -p {SESSION_DIR}; setsid {shlex.join(argv)} <&0 & echo $! >{record}; "
-        f"wait $!; __e2b_rc=$?; rm -f {record}; (exit $__e2b_rc)"
+        f"mkdir -p {SESSION_DIR}; setsid {shlex.join(argv)} <&0 & __e2b_pid=$!; "
+        f"echo $__e2b_pid >{record}; "
+        "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM; "
+        "wait $__e2b_pid; __e2b_rc=$?; "
+        'if [ "$__e2b_rc" -gt 128 ]; then wait $__e2b_pid; __e2b_w=$?; '
+        '[ "$__e2b_w" -ne 127 ] && __e2b_rc=$__e2b_w; fi; '
+        f"rm -f {record}; (exit $__e2b_rc)"
     )
 
 
@@ -227,7 +234,9 @@ class ProcessTable:
     async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
         """Emits the process's end, once a kill or a timeout has reached its whole session."""
         expired = process.deadline is not None and time.monotonic() >= process.deadline
-        if process.killed or exit.timed_out or expired:
+        if exit.timed_out:
+            # The node's own backstop killed the shell with SIGKILL, which its trap cannot
+            # catch: the session is killed by a command of its own.
             await self._kill_session(process)
         if exit.timed_out or expired:
             await process._emit(
@@ -257,7 +266,7 @@ class ProcessTable:
         if process.call is not None and not process.ended:
             with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
                 await process.call.write(
-                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_KILL))
+                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
                 )
 
     async def _kill_session(self, process: Process) -> None:

@@ -123,7 +123,8 @@ def _pool_error(err: grpc.aio.AioRpcError, what: str) -> ApiError:
         grpc.StatusCode.INVALID_ARGUMENT: 400,
         grpc.StatusCode.FAILED_PRECONDITION: 400,
         grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-        grpc.StatusCode.UNAVAILABLE: 503,
+        # A registry or node that cannot be reached: the gateway's upstream failed.
+        grpc.StatusCode.UNAVAILABLE: 502,
         grpc.StatusCode.DEADLINE_EXCEEDED: 504,
         grpc.StatusCode.UNAUTHENTICATED: 500,
         grpc.StatusCode.PERMISSION_DENIED: 500,

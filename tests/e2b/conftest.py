@@ -82,6 +82,7 @@ def face(base_image: str) -> Iterator[Face]:
         image_metadata_key=IMAGE_KEY,
         templates={"base": base_image},
         max_file_bytes=64 << 20,
+        acquire_wait_s=40.0,
         log_level="warning",
     )
     loop = asyncio.new_event_loop()
