@@ -4,9 +4,9 @@ A process gets its pid from the face at once (so `commands.run(..., background=T
 before the node runs it); its output, its end and its errors are kept as E2B process events that
 the Start stream and any later Connect stream follow. stdin and signals go down the Exec call.
 
-The command runs as E2B runs it, `/bin/bash -c CMD`, in a session of its own (setsid), so that
-what it leaves running with `&` or nohup outlives it as it would on E2B; the node's shell traps
-SIGTERM to kill that session, which is how a kill, a timeout or a cancelled call ends all of it.
+The command runs as E2B runs it, `/bin/bash -c CMD`, as a job of its own (see `shell_command`),
+so that what it leaves running with `&` or nohup outlives it as it would on E2B; the node's
+shell traps SIGTERM to kill the job's group, which is how a kill or a timeout ends all of it.
 Commands on one sandbox run one at a time on swerl's nodes: a background command holds the
 sandbox's command queue until it ends (detach with `&` for concurrency, see docs/e2b.md).
 """
@@ -57,33 +57,45 @@ class ProcessConfig:
         return body
 
 
-# Where a running process's session id is kept in the sandbox, for a kill that must reach it.
-SESSION_DIR = "/tmp/.swerl-e2b"
+# Where a running process's group id is kept in the sandbox, for a kill that must reach it.
+RECORD_PREFIX = "/tmp/.swerl-e2b-"
+
+
+def _argv(config: ProcessConfig, user: str | None) -> list[str]:
+    argv = [config.cmd, *config.args]
+    # E2B runs `/bin/bash -l -c CMD`. The node's shell is a login shell already and its
+    # environment (the profile's exports) is inherited, so the profile is not read again per
+    # command: it is the largest cost of a short command.
+    if argv[:2] == ["/bin/bash", "-l"] and len(argv) == 4 and argv[2] == "-c":
+        argv = ["/bin/bash", "-c", argv[3]]
+    if user and user != "root":
+        argv = ["runuser", "-u", user, "--", *argv]
+    return argv
 
 
 def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
-    """The bash source the node runs for an E2B process (see the module's docstring)."""
-    argv = [config.cmd, *config.args]
-    if user and user != "root":
-        argv = ["runuser", "-u", user, "--", *argv]
-    record = f"{SESSION_DIR}/{pid}"
-    # SIGTERM (a kill, or the face's deadline) makes the waiting shell kill the session at
-    # once; the record lets a later command kill it when the shell itself was killed.
+    """The bash source the node runs for an E2B process.
+
+    The process runs as a job of its own (`set -m` gives it its own process group), so what it
+    leaves running with `&` or nohup is not in the node's command group and outlives it, as on
+    E2B. SIGTERM (a kill, or the face's deadline) makes the waiting shell kill that group; the
+    record lets a later command kill it when the node killed the shell itself (its backstop).
+    Only builtins run besides the process: no fork is added to a short command's path.
+    """
     return (
-        f"mkdir -p {SESSION_DIR}; setsid {shlex.join(argv)} <&0 & __e2b_pid=$!; "
-        f"echo $__e2b_pid >{record}; "
+        f"set -m; {shlex.join(_argv(config, user))} <&0 & __e2b_pid=$!; set +m; "
+        f"echo $__e2b_pid >{RECORD_PREFIX}{pid}; "
         "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM; "
         "wait $__e2b_pid; __e2b_rc=$?; "
         'if [ "$__e2b_rc" -gt 128 ]; then wait $__e2b_pid; __e2b_w=$?; '
         '[ "$__e2b_w" -ne 127 ] && __e2b_rc=$__e2b_w; fi; '
-        f"rm -f {record}; (exit $__e2b_rc)"
+        "__e2b_status() { return $1; }; __e2b_status $__e2b_rc"
     )
 
 
-def kill_session_command(pid: int) -> str:
-    """Kills what is left of a killed or timed-out process's session (the node's kill ends the
-    shell that waits on it, not the session)."""
-    record = f"{SESSION_DIR}/{pid}"
+def kill_group_command(pid: int) -> str:
+    """Kills what is left of a process whose waiting shell the node killed (its timeout)."""
+    record = f"{RECORD_PREFIX}{pid}"
     return f"[ -s {record} ] && kill -KILL -- -$(cat {record}) 2>/dev/null; rm -f {record}; true"
 
 
@@ -232,12 +244,12 @@ class ProcessTable:
         await process._emit(None, ConnectError("unavailable", "the command's node went away"))
 
     async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
-        """Emits the process's end, once a kill or a timeout has reached its whole session."""
+        """Emits the process's end, once a kill or a timeout has reached its whole group."""
         expired = process.deadline is not None and time.monotonic() >= process.deadline
         if exit.timed_out:
             # The node's own backstop killed the shell with SIGKILL, which its trap cannot
-            # catch: the session is killed by a command of its own.
-            await self._kill_session(process)
+            # catch: the group is killed by a command of its own.
+            await self._kill_group(process)
         if exit.timed_out or expired:
             await process._emit(
                 None,
@@ -259,7 +271,7 @@ class ProcessTable:
         await self.signal(process, "SIGNAL_SIGKILL")
 
     async def signal(self, process: Process, signal: str) -> None:
-        """Ends the process's whole session (SIGTERM and SIGKILL alike)."""
+        """Ends the process and its whole group (SIGTERM and SIGKILL alike)."""
         if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM"):
             raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
         process.killed = True
@@ -269,11 +281,11 @@ class ProcessTable:
                     pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
                 )
 
-    async def _kill_session(self, process: Process) -> None:
+    async def _kill_group(self, process: Process) -> None:
         call = self.target.exec_call(30.0)
         try:
             start = start_message(
-                self.target.sandbox_id, kill_session_command(process.pid), timeout_s=10.0
+                self.target.sandbox_id, kill_group_command(process.pid), timeout_s=10.0
             )
             await call.write(pb.ExecRequest(start=start))
             await call.done_writing()

@@ -56,8 +56,13 @@ async def _pool(settings: E2BSettings) -> AsyncIterator[tuple[str, str | None]]:
         return
     from swerl.pool.server import local_stack
 
+    # The embedded pool and node take the face's token (a fresh one under --insecure), so an
+    # operator can reach them too.
     async with local_stack(
-        nodes=1, max_sandboxes=settings.embedded_max_sandboxes, purpose="e2b"
+        nodes=1,
+        max_sandboxes=settings.embedded_max_sandboxes,
+        purpose="e2b",
+        token=settings.pool_bearer(),
     ) as stack:
         yield stack.pool_address, stack.token
 

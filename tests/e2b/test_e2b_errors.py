@@ -80,7 +80,7 @@ def test_an_image_that_cannot_be_had_fails_the_create_with_the_pools_reason(face
 def test_a_command_that_outlives_its_timeout_is_killed(sandbox: Sandbox):
     with pytest.raises(TimeoutException):
         sandbox.commands.run("sleep 30", timeout=1)
-    # The next command runs once the timed-out one is gone, its whole session with it.
+    # The next command runs once the timed-out one is gone, its whole group with it.
     assert sandbox.commands.run("pgrep -fx 'sleep 30' || echo none").stdout == "none\n"
     assert sandbox.commands.list() == []
 

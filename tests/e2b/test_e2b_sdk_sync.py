@@ -97,7 +97,7 @@ def test_background_commands_wait_take_stdin_reconnect_and_die_by_kill(face: Fac
         with pytest.raises(CommandExitException):
             sleeper.wait()
         assert sandbox.commands.list() == []
-        # The kill reached the command's whole session: nothing sleeps on.
+        # The kill reached the command's whole group: nothing sleeps on.
         assert sandbox.commands.run("pgrep -fx 'sleep 60' || echo none").stdout == "none\n"
         assert sandbox.commands.kill(999999) is False
     finally:
