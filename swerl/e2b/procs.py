@@ -61,16 +61,22 @@ class ProcessConfig:
 RECORD_PREFIX = "/tmp/.swerl-e2b-"
 
 
-def _argv(config: ProcessConfig, user: str | None) -> list[str]:
+def _job(config: ProcessConfig, user: str | None) -> str:
+    """The bash source of the job itself.
+
+    E2B runs `/bin/bash -l -c CMD`. The node's shell is a login shell already, with the
+    profile's environment, so as root CMD runs in a subshell of it (`eval` keeps a syntax error
+    of CMD inside the job): no exec, no profile read per command, which are most of a short
+    command's cost. Any other process, or another user, runs as its own argv.
+    """
     argv = [config.cmd, *config.args]
-    # E2B runs `/bin/bash -l -c CMD`. The node's shell is a login shell already and its
-    # environment (the profile's exports) is inherited, so the profile is not read again per
-    # command: it is the largest cost of a short command.
-    if argv[:2] == ["/bin/bash", "-l"] and len(argv) == 4 and argv[2] == "-c":
-        argv = ["/bin/bash", "-c", argv[3]]
+    if not (user and user != "root") and len(argv) == 4 and argv[:3] == ["/bin/bash", "-l", "-c"]:
+        return f"eval {shlex.quote(argv[3])}"
+    if argv[:2] == ["/bin/bash", "-l"]:
+        argv = ["/bin/bash", *argv[2:]]
     if user and user != "root":
         argv = ["runuser", "-u", user, "--", *argv]
-    return argv
+    return shlex.join(argv)
 
 
 def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
@@ -80,10 +86,10 @@ def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
     leaves running with `&` or nohup is not in the node's command group and outlives it, as on
     E2B. SIGTERM (a kill, or the face's deadline) makes the waiting shell kill that group; the
     record lets a later command kill it when the node killed the shell itself (its backstop).
-    Only builtins run besides the process: no fork is added to a short command's path.
+    Only builtins run around the job: no fork is added to a short command's path.
     """
     return (
-        f"set -m; {shlex.join(_argv(config, user))} <&0 & __e2b_pid=$!; set +m; "
+        f"set -m; {_job(config, user)} <&0 & __e2b_pid=$!; set +m; "
         f"echo $__e2b_pid >{RECORD_PREFIX}{pid}; "
         "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM; "
         "wait $__e2b_pid; __e2b_rc=$?; "
