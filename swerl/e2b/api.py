@@ -110,6 +110,16 @@ async def delete_template(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def template_alias(request: web.Request) -> web.Response:
+    """A template "exists" when the face maps it to an image (`templates`), or it is a
+    snapshot; a template build is not implemented, so an unknown one is 404."""
+    alias = request.match_info["alias"]
+    registry = request.app[REGISTRY_KEY]
+    if alias not in registry.settings.templates and alias not in registry.snapshots:
+        raise ApiError(404, f"template {alias} not found")
+    return web.json_response({"templateID": alias, "public": False})
+
+
 def make_api_app(registry: SandboxRegistry, api_key: str) -> web.Application:
     """The control API; an empty `api_key` accepts every caller (--insecure)."""
     app = web.Application(middlewares=[api_errors])
@@ -124,4 +134,5 @@ def make_api_app(registry: SandboxRegistry, api_key: str) -> web.Application:
     app.router.add_post("/sandboxes/{id}/timeout", set_timeout)
     app.router.add_post("/sandboxes/{id}/snapshots", create_snapshot)
     app.router.add_delete("/templates/{id}", delete_template)
+    app.router.add_get("/templates/aliases/{alias}", template_alias)
     return app

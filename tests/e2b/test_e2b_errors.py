@@ -107,6 +107,13 @@ def test_calls_swerl_does_not_serve_answer_not_implemented_naming_the_call(sandb
         sandbox.files.watch_dir("/tmp")
 
 
+def test_a_template_exists_when_the_face_maps_it_to_an_image(face: Face):
+    from e2b import Template
+
+    assert Template.exists("base", **face.opts) is True
+    assert Template.exists("never-built-here", **face.opts) is False
+
+
 def test_a_timeout_above_the_servers_limit_is_refused(face: Face, base_image: str):
     with pytest.raises(SandboxException, match="400"):
         Sandbox.create(base_image, timeout=10**9, **face.opts)
