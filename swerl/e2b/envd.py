@@ -313,7 +313,7 @@ async def files_post(request: web.Request) -> web.StreamResponse:
         written = []
         if request.content_type == "multipart/form-data":
             reader = await request.multipart()
-            async for part in reader:
+            while (part := await reader.next()) is not None:
                 if not isinstance(part, BodyPartReader) or part.name != "file":
                     continue
                 path = request.query.get("path") or part.filename or ""

@@ -143,6 +143,13 @@ def _check(result: ScriptResult, path: str) -> None:
     raise ConnectError("internal", message or f"exit status {result.exit_code} on {path}")
 
 
+def _chown(user: str | None) -> str:
+    """Gives a written path to the user it was written as (root needs nothing)."""
+    if not user or user == "root":
+        return ""
+    return f'chown {shlex.quote(user)}: "$p" 2>/dev/null; '
+
+
 def _exists_guard(var: str = "p") -> str:
     return f'{{ [ -e "${var}" ] || [ -L "${var}" ]; }} || exit {NOT_FOUND}; '
 
@@ -172,7 +179,7 @@ async def list_dir(target: ExecTarget, path: str, depth: int) -> list[dict[str, 
 
 
 async def make_dir(target: ExecTarget, path: str, user: str | None) -> dict[str, Any]:
-    owner = f'chown {shlex.quote(user)}: "$p" 2>/dev/null; ' if _other_user(user) else ""
+    owner = _chown(user)
     script = (
         f'p={_resolve(path)}; {{ [ -e "$p" ] || [ -L "$p" ]; }} && exit {ALREADY_EXISTS}; '
         f'mkdir -p -- "$p" || exit 1; {owner}'
@@ -197,10 +204,6 @@ async def move(target: ExecTarget, source: str, destination: str) -> dict[str, A
     result = await run_script(target, script)
     _check(result, source)
     return parse_entries(result.stdout)[0]
-
-
-def _other_user(user: str | None) -> bool:
-    return bool(user) and user != "root"
 
 
 async def file_size(target: ExecTarget, path: str) -> int:
@@ -233,7 +236,7 @@ async def read(target: ExecTarget, path: str, size: int) -> AsyncIterator[bytes]
 async def write(
     target: ExecTarget, path: str, user: str | None, chunks: AsyncIterator[bytes]
 ) -> dict[str, Any]:
-    owner = f'chown {shlex.quote(user)}: "$p" 2>/dev/null; ' if _other_user(user) else ""
+    owner = _chown(user)
     script = (
         f'p={_resolve(path)}; [ -d "$p" ] && exit {IS_A_DIRECTORY}; '
         f'mkdir -p -- "$(dirname -- "$p")" && cat > "$p" || exit 1; {owner}'

@@ -38,7 +38,8 @@ UNBOUNDED_COMMAND_S = 7 * 24 * 3600.0
 class ExecTarget(Protocol):
     """Where a sandbox's commands go: its node's SandboxService stub and the current token."""
 
-    sandbox_id: str
+    @property
+    def sandbox_id(self) -> str: ...
 
     def exec_call(self, timeout_s: float) -> Any: ...
 
@@ -140,16 +141,15 @@ class Process:
         """The events from index `start` on, as they come, with a keepalive event after each
         quiet `keepalive_s`; ends after the last one."""
         index = start
+
+        def moved() -> bool:
+            return len(self.events) > index or self.ended
+
         while True:
             quiet = False
             async with self.changed:
                 try:
-                    await asyncio.wait_for(
-                        self.changed.wait_for(
-                            lambda seen=index: len(self.events) > seen or self.ended
-                        ),
-                        timeout=keepalive_s,
-                    )
+                    await asyncio.wait_for(self.changed.wait_for(moved), timeout=keepalive_s)
                 except asyncio.TimeoutError:
                     quiet = True
                 batch = self.events[index:]
