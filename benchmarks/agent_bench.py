@@ -197,7 +197,16 @@ class MemorySandbox:
             out = b"COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\ndiff --git a/x b/x\n"
         else:
             out = ("def handler(request):\n    return respond(request.body)\n" * 40).encode()
-        return ExecResult(0, out, b"", False, False, 0, 0.02, False)
+        return ExecResult(
+            exit_code=0,
+            stdout=out,
+            stderr=b"",
+            timed_out=False,
+            output_truncated=False,
+            bytes_dropped=0,
+            duration_s=0.02,
+            signaled=False,
+        )
 
     async def diff(self) -> bytes:
         return b""
@@ -230,6 +239,7 @@ async def _ticker(stop: asyncio.Event, lateness: list[float], period: float = 0.
 async def stalls(
     episodes: int, turns: int, cpu_threads: int = 4, tokenizer_processes: int = 2
 ) -> dict[str, float]:
+    from swerl.agent.client import episode_limits, episode_start
     from swerl.agent.runner import EpisodeRunner
     from swerl.agent.settings import AgentSettings
     from swerl.agent.v1 import agent_pb2 as pb
@@ -261,7 +271,7 @@ async def stalls(
         await runner.codec(tokenizer, {})  # loaded once, as a warm agent has it
 
         async def one(index: int) -> pb.EpisodeResult:
-            start = pb.EpisodeStart(
+            start = episode_start(
                 episode_id=f"bench-{index}",
                 instance=evaluate_pb2.SweInstance(
                     instance_id=f"bench__{index}",
@@ -272,7 +282,7 @@ async def stalls(
                 policy=pb.PolicyConfig(
                     endpoint=f"http://127.0.0.1:{port}", tokenizer_path=tokenizer
                 ),
-                limits=pb.EpisodeLimits(max_turns=turns + 2, max_new_tokens=1024),
+                limits=episode_limits(max_turns=turns + 2, max_new_tokens=1024),
             )
 
             async def requests():

@@ -115,13 +115,13 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
 
 async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) -> int:
     """Part 2: the bundled tasks through pool, exec, agent and evaluation with the replay policy."""
+    from swerl.agent import client as agent_client
     from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.agent.server import local_agent
     from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
     from swerl.chassis.client import make_channel
     from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-    from swerl.chassis.timeconv import duration_pb
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
     from swerl.tasks import build_images, default_tasks_dir, load_tasks
     from swerl.validate import instance_to_pb
 
@@ -151,28 +151,23 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
                 limit = asyncio.Semaphore(concurrency)
 
                 async def episode(task, url: str, kind: str, max_turns: int = 8) -> None:
-                    start = agent_pb2.EpisodeStart(
+                    start = agent_client.episode_start(
                         episode_id=f"demo-{kind}-{task.instance_id}",
                         instance=instance_to_pb(task.instance),
                         policy=agent_pb2.PolicyConfig(
                             endpoint=url, model="replay", tokenizer_path=tokenizer
                         ),
-                        limits=agent_pb2.EpisodeLimits(
-                            max_turns=max_turns, command_timeout=duration_pb(60)
+                        limits=agent_client.episode_limits(
+                            max_turns=max_turns, command_timeout_s=60
                         ),
                         options=agent_pb2.EpisodeOptions(owner="demo"),
+                        sampling_params={"temperature": 1.0},
                     )
-                    start.policy.sampling_params.update({"temperature": 1.0})
                     async with limit:
                         started = time.monotonic()
-                        call = stub.RunEpisode(
-                            iter([agent_pb2.RunEpisodeRequest(start=start)]), timeout=900
-                        )
-                        result = None
-                        async for message in call:
-                            if message.WhichOneof("kind") == "result":
-                                result = message.result
-                    assert result is not None
+                        results = await agent_client.run_episode(stub, start, timeout=900)
+                    assert results
+                    result = results[-1]
                     reward = f"{result.reward:+.0f}" if result.HasField("reward") else "none"
                     tokens = len(result.trajectory.prompt_ids) + len(result.trajectory.response_ids)
                     rows.append(

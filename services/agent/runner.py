@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from swerl.agent.artifacts import write_artifacts
 from swerl.agent.config import load_config
-from swerl.agent.episode import Episode, EpisodeDeps, EpisodeSpec, PrmSpec, sampling_params_of
+from swerl.agent.episode import Episode, EpisodeDeps
 from swerl.agent.errors import (
     AgentAtCapacity,
     EpisodeRunning,
@@ -25,12 +25,13 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
-from swerl.agent.judging import StepJudge
+from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
+from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.gctune import tune_collector

@@ -2,7 +2,7 @@
 
 In-process, for tests and tools:
 
-    async with local_stack(nodes=1) as stack:                 # swerl.pool.server
+    async with local_stack(nodes=1) as stack:                 # swerl.stack
         async with local_agent(stack.pool_address, stack.token) as agent:
             stub = AgentServiceStub(make_channel(agent.address, token=stack.token))
 """
@@ -18,12 +18,12 @@ from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
-from swerl.chassis.server import GrpcServer
+from swerl.chassis.server import GrpcServer, ServiceHost
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
-class AgentServer:
+class AgentServer(ServiceHost):
     """One running agent service; `start()` then `serve_until_signal()` or `stop()`."""
 
     def __init__(
@@ -65,26 +65,12 @@ class AgentServer:
         self.server.add_shutdown_callback(self._shutdown)
         self.port = 0
 
-    async def start(self) -> int:
-        self.port = await self.server.start()
-        return self.port
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
     async def _shutdown(self) -> None:
         await self.runner.close()
         if self._prm is not None:
             await self._prm.close()
         if self._pool is not None:
             await self._pool.close()
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.server.stop(grace_s)
-
-    async def serve_until_signal(self) -> None:
-        await self.server.serve_until_signal()
 
 
 @contextlib.asynccontextmanager

@@ -31,7 +31,7 @@ async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
         async with local_agent(args.pool, args.token or "") as agent:
             yield agent.address, args.token
         return
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     node_ids: list[str] = []
     try:
