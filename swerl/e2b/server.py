@@ -1,7 +1,7 @@
 """`swerl e2b serve`: the control API and the sandbox API on their ports, over a pool.
 
 With no pool address the face runs the embedded default of `swerl demo`: an in-process pool and
-exec node on the local dockerd (`swerl.pool.server.local_stack`), torn down with the face.
+exec node on the local dockerd (`swerl.stack.local_stack`), torn down with the face.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ async def _pool(settings: E2BSettings) -> AsyncIterator[tuple[str, str | None]]:
     if settings.pool is not None:
         yield settings.pool, settings.pool_bearer()
         return
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     # The embedded pool and node take the face's token (a fresh one under --insecure), so an
     # operator can reach them too.
