@@ -1,8 +1,8 @@
-"""E2B processes of one sandbox, each run as one Exec call on the sandbox's node.
+"""E2B processes of one sandbox, run one after another over one ExecCommands call.
 
 A process gets its pid from the face at once (so `commands.run(..., background=True)` returns
 before the node runs it); its output, its end and its errors are kept as E2B process events that
-the Start stream and any later Connect stream follow. stdin and signals go down the Exec call.
+the Start stream and any later Connect stream follow. stdin and signals go down the call.
 
 The command runs as E2B runs it, `/bin/bash -c CMD`, as a job of its own (see `shell_command`),
 so that what it leaves running with `&` or nohup outlives it as it would on E2B; the node's
@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import shlex
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -42,6 +43,8 @@ class ExecTarget(Protocol):
     def sandbox_id(self) -> str: ...
 
     def exec_call(self, timeout_s: float) -> Any: ...
+
+    def commands_call(self, timeout_s: float) -> Any: ...
 
 
 @dataclass
@@ -117,9 +120,10 @@ class Process:
     ended: bool = False
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     call: Any = None
-    task: asyncio.Task[None] | None = None
     stdin_open: bool = False
     killed: bool = False
+    start: Any = None  # the ExecStart the lane sends when the process's turn comes
+    pending_stdin: list[tuple[bytes, bool]] = field(default_factory=list)
 
     def info(self) -> dict[str, Any]:
         body: dict[str, Any] = {"config": self.config.as_json(), "pid": self.pid}
@@ -164,14 +168,31 @@ class Process:
                 return
 
 
+# An ExecCommands call is not reused past this age (a fresh one carries the lease's current
+# token), nor kept open idle past it.
+MAX_CALL_AGE_S = 60.0
+# The node-side deadline of one ExecCommands call; it is replaced long before in practice.
+COMMANDS_CALL_S = 2 * UNBOUNDED_COMMAND_S
+
+
 class ProcessTable:
-    """The E2B processes of one sandbox, by pid."""
+    """The E2B processes of one sandbox, by pid, run one after another over one ExecCommands
+    call (the node runs a sandbox's commands one at a time anyway; one call saves the cost of a
+    call per command). Only the running process has been sent to the node, so a signal or stdin
+    on the call always reaches the process it is meant for, and a kill of a process still
+    waiting its turn just takes it out of the queue."""
 
     def __init__(self, target: ExecTarget, *, max_output_bytes: int) -> None:
         self.target = target
         self.max_output_bytes = max_output_bytes
         self.running: dict[int, Process] = {}
         self._pids = itertools.count(1000)
+        self._queue: deque[Process] = deque()
+        self._wake = asyncio.Event()
+        self._lane: asyncio.Task[None] | None = None
+        self._call: Any = None
+        self._opened_at = 0.0
+        self.current: Process | None = None
 
     def start(
         self,
@@ -185,10 +206,23 @@ class ProcessTable:
     ) -> Process:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
-        self.running[process.pid] = process
-        process.task = asyncio.get_running_loop().create_task(
-            self._run(process, user, env, timeout_s), name=f"e2b.process.{process.pid}"
+        node_timeout = (timeout_s + NODE_TIMEOUT_MARGIN_S) if timeout_s else UNBOUNDED_COMMAND_S
+        process.start = start_message(
+            self.target.sandbox_id,
+            shell_command(config, user, process.pid),
+            cwd=config.cwd or "",
+            env={**env, **config.envs},
+            timeout_s=node_timeout,
+            max_output_bytes=self.max_output_bytes,
+            open_stdin=stdin,
         )
+        self.running[process.pid] = process
+        self._queue.append(process)
+        self._wake.set()
+        if self._lane is None or self._lane.done():
+            self._lane = asyncio.get_running_loop().create_task(
+                self._run_lane(), name=f"e2b.lane.{self.target.sandbox_id}"
+            )
         return process
 
     def find(self, selector: Mapping[str, Any]) -> Process:
@@ -202,52 +236,87 @@ class ProcessTable:
             raise ConnectError("not_found", f"process {dict(selector)} not found")
         return process
 
-    async def _run(
-        self, process: Process, user: str | None, env: Mapping[str, str], timeout_s: float | None
-    ) -> None:
-        node_timeout = (timeout_s + NODE_TIMEOUT_MARGIN_S) if timeout_s else UNBOUNDED_COMMAND_S
-        start = start_message(
-            self.target.sandbox_id,
-            shell_command(process.config, user, process.pid),
-            cwd=process.config.cwd or "",
-            env={**env, **process.config.envs},
-            timeout_s=node_timeout,
-            max_output_bytes=self.max_output_bytes,
-            open_stdin=process.stdin_open,
-        )
+    def _open_call(self) -> Any:
+        now = time.monotonic()
+        if self._call is None or now - self._opened_at > MAX_CALL_AGE_S:
+            if self._call is not None:
+                self._call.cancel()
+            self._call = self.target.commands_call(COMMANDS_CALL_S)
+            self._opened_at = now
+        return self._call
+
+    def _drop_call(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
+    async def _run_lane(self) -> None:
         try:
-            call = process.call = self.target.exec_call(node_timeout + 30.0)
-            # The write side stays open, closed stdin or not: signals go down it.
-            await call.write(pb.ExecRequest(start=start))
-            watchdog = None
+            while True:
+                if not self._queue:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), MAX_CALL_AGE_S)
+                    except asyncio.TimeoutError:
+                        self._drop_call()  # idle: leave nothing open on the node
+                    continue
+                process = self._queue.popleft()
+                self.current = process
+                try:
+                    await self._run(process)
+                finally:
+                    self.current = None
+                    self.running.pop(process.pid, None)
+        finally:
+            self._drop_call()
+
+    async def _run(self, process: Process) -> None:
+        watchdog = None
+        try:
+            call = self._open_call()
+            await call.write(pb.ExecCommandsRequest(start=process.start))
+            process.call = call
+            for data, close in process.pending_stdin:
+                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=data, close=close)))
+            process.pending_stdin.clear()
+            if process.killed:
+                await call.write(
+                    pb.ExecCommandsRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
+                )
             if process.deadline is not None:
                 watchdog = asyncio.get_running_loop().create_task(self._expire(process))
-            try:
-                await self._pump(process, call)
-            finally:
-                if watchdog is not None:
-                    watchdog.cancel()
+            await self._pump(process, call)
         except grpc.aio.AioRpcError as err:
+            self._drop_call()
             await process._emit(None, _exec_error(err))
         except asyncio.CancelledError:
+            self._drop_call()
             await process._emit(None, ConnectError("canceled", "the sandbox was killed"))
             raise
         finally:
-            self.running.pop(process.pid, None)
-            if process.call is not None:
-                process.call.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
 
     async def _pump(self, process: Process, call: Any) -> None:
         while (response := await call.read()) is not grpc.aio.EOF:
             kind = response.WhichOneof("kind")
             if kind == "output":
-                name = "stdout" if response.output.stream == pb.OUTPUT_STREAM_STDOUT else "stderr"
-                data = base64.b64encode(response.output.data).decode()
-                await process._emit({"data": {name: data}})
+                await self._output(process, response.output)
+            elif kind == "end":
+                for chunk in response.end.output:
+                    await self._output(process, chunk)
+                await self._exited(process, response.end.exit)
+                return
             elif kind == "exit":
                 await self._exited(process, response.exit)
                 return
+        self._drop_call()
         await process._emit(None, ConnectError("unavailable", "the command's node went away"))
+
+    @staticmethod
+    async def _output(process: Process, output: pb.ExecOutput) -> None:
+        name = "stdout" if output.stream == pb.OUTPUT_STREAM_STDOUT else "stderr"
+        await process._emit({"data": {name: base64.b64encode(output.data).decode()}})
 
     async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
         """Emits the process's end, once a kill or a timeout has reached its whole group."""
@@ -267,7 +336,7 @@ class ProcessTable:
             return
         code = exit.exit_code
         end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
-        if code > 128 and exit.signaled:
+        if code > 128 and (exit.signaled or process.killed):
             end["status"] = "signal: killed"
         await process._emit({"end": end})
 
@@ -277,14 +346,21 @@ class ProcessTable:
         await self.signal(process, "SIGNAL_SIGKILL")
 
     async def signal(self, process: Process, signal: str) -> None:
-        """Ends the process and its whole group (SIGTERM and SIGKILL alike)."""
+        """Ends the process and its whole group (SIGTERM and SIGKILL alike); a process still
+        waiting its turn leaves the queue without running."""
         if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM"):
             raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
         process.killed = True
-        if process.call is not None and not process.ended:
+        if process in self._queue:
+            self._queue.remove(process)
+            self.running.pop(process.pid, None)
+            end = {"exitCode": 137, "exited": True, "status": "signal: killed"}
+            await process._emit({"end": end})
+            return
+        if process is self.current and process.call is not None and not process.ended:
             with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
                 await process.call.write(
-                    pb.ExecRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
+                    pb.ExecCommandsRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
                 )
 
     async def _kill_group(self, process: Process) -> None:
@@ -303,19 +379,25 @@ class ProcessTable:
             call.cancel()
 
     async def send_stdin(self, process: Process, data: bytes, *, close: bool = False) -> None:
-        if not process.stdin_open or process.call is None:
+        if not process.stdin_open:
             raise ConnectError("failed_precondition", f"process {process.pid} has no open stdin")
-        await process.call.write(pb.ExecRequest(stdin=pb.ExecStdin(data=data, close=close)))
         if close:
             process.stdin_open = False
+        if process is self.current and process.call is not None:
+            await process.call.write(
+                pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=data, close=close))
+            )
+        else:
+            process.pending_stdin.append((data, close))
 
     async def close(self) -> None:
-        tasks = [p.task for p in self.running.values() if p.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
+        for process in list(self._queue):
+            self._queue.clear()
+            await process._emit(None, ConnectError("canceled", "the sandbox was killed"))
+        if self._lane is not None:
+            self._lane.cancel()
             with contextlib.suppress(BaseException):
-                await task
+                await self._lane
 
 
 def _exec_error(err: grpc.aio.AioRpcError) -> ConnectError:

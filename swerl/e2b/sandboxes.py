@@ -59,6 +59,10 @@ class LeaseTarget:
         metadata = ((LEASE_TOKEN_METADATA_KEY, self.lease.token),)
         return self.lease.sandbox.stub.Exec(metadata=metadata, timeout=timeout_s)
 
+    def commands_call(self, timeout_s: float) -> Any:
+        metadata = ((LEASE_TOKEN_METADATA_KEY, self.lease.token),)
+        return self.lease.sandbox.stub.ExecCommands(metadata=metadata, timeout=timeout_s)
+
 
 @dataclass
 class Sandbox:
