@@ -59,6 +59,13 @@ class E2BSettings(ServiceSettings):
         8, ge=1, description="sandboxes the embedded node hosts at once (no --pool)"
     )
 
+    def problems(self) -> list[str]:
+        problems = super().problems()
+        if self.metrics_port is not None:
+            # The face has no Prometheus endpoint of its own; the pool and nodes have theirs.
+            problems.append("metrics_port is not served by the E2B face; leave it unset")
+        return problems
+
     def pool_bearer(self) -> str | None:
         secret = self.pool_token or self.auth_token
         return secret.get_secret_value() if secret is not None else None
