@@ -73,7 +73,9 @@ def test_a_sandbox_runs_streams_and_keeps_files_then_leaves_nothing(face: Face, 
 
 
 def test_background_commands_wait_take_stdin_reconnect_and_die_by_kill(face: Face, base_image: str):
-    sandbox = Sandbox.create(timeout=120, metadata={IMAGE_KEY: base_image}, **face.opts)
+    created = Sandbox.create(timeout=120, metadata={IMAGE_KEY: base_image}, **face.opts)
+    # Another client reaches the same sandbox by its id (its access token comes with it).
+    sandbox = Sandbox.connect(created.sandbox_id, **face.opts)
     try:
         handle = sandbox.commands.run("sleep 0.5; echo done", background=True)
         assert [p.pid for p in sandbox.commands.list()] == [handle.pid]
