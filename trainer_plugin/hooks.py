@@ -29,7 +29,7 @@ from google.protobuf import struct_pb2
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
 from swerl.exec.sweinstance import InstanceError, sample_instance
-from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
+from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.prefetch import prefetcher
 from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
@@ -64,6 +64,12 @@ class GenerateCall:
     def per_turn(self) -> bool:
         """Dynamic history: one sample per turn (never for evaluation)."""
         return self.settings.dynamic_history and not self.evaluation
+
+    @property
+    def chains(self) -> bool:
+        """Whether a trimmed whole trajectory may come back as a list of chains (never for
+        evaluation, whose counts are per episode; see refusals.lists_allowed)."""
+        return not self.evaluation and refusals.lists_allowed(self.args, self.framework_name)
 
     def aborted(self) -> bool:
         """The framework's abort flag (of `state`, or its singleton)."""
@@ -145,7 +151,7 @@ async def _generate_alone(
             per_turn=call.per_turn,
             decode=decode,
             spec=spec,
-            chains=not call.evaluation,
+            chains=call.chains,
         )
     )
 
@@ -324,7 +330,7 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 per_turn=per_turn,
                 decode=decode,
                 spec=spec,
-                chains=not call.evaluation,
+                chains=call.chains,
             )
             lists[i] = out if isinstance(out, list) else [out]
             branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
@@ -374,6 +380,9 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
     also applies no dynamic filter, so infra placeholders reach training there, where they are
     loss-masked (`remove_sample`) and left out of the reward statistics by post_process_rewards.
     """
+    refused = refusals.refusal(args, framework_name, dynamic_history=settings.dynamic_history)
+    if refused is not None:
+        raise PluginConfigError(refused)
     if framework_name == "miles" or not settings.dynamic_history:
         return
     path = str(getattr(args, "rollout_function_path", "") or "")
