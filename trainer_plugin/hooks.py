@@ -565,6 +565,7 @@ def build_start(
             tokenizer_path=tokenizer_path(args, settings),
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
+            lora_path=framework.lora_path(framework.find(settings.framework), args, sample),
         ),
         limits=agent_client.episode_limits(
             max_turns=settings.max_turns,

@@ -211,6 +211,7 @@ class SglangPolicy:
         retrying: Any = None,
         headers: Mapping[str, str] | None = None,
         return_routed_experts: bool = False,
+        lora_path: str = "",
     ) -> None:
         self._session = session
         self._url = endpoint.rstrip("/") + "/generate"
@@ -222,6 +223,8 @@ class SglangPolicy:
             routed_experts=return_routed_experts,
         )
         self._extra = ',"return_routed_experts":true' if return_routed_experts else ""
+        if lora_path:  # SGLang samples from the base model when a call names no adapter
+            self._extra += ',"lora_path":' + json.dumps(lora_path)
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._executor = executor

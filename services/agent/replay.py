@@ -163,11 +163,13 @@ def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, 
 @dataclass(frozen=True)
 class ReplayCall:
     """One /generate request: its HTTP headers, the script key it matched (None: none) and
-    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy."""
+    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy,
+    and the LoRA adapter it named (`lora_path`; None: the base model)."""
 
     headers: dict[str, str]
     script_key: str | None
     sampling_seed: int | None = None
+    lora_path: str | None = None
 
 
 @dataclass
@@ -290,7 +292,11 @@ class ReplayPolicyServer:
         turn += sum(int(n) for n in _OMITTED.findall(text))
         key = None if self.garbage else self._key_for(text)
         seed = params.get("sampling_seed")
-        self.stats.calls.append(ReplayCall(headers or {}, key, None if seed is None else int(seed)))
+        self.stats.calls.append(
+            ReplayCall(
+                headers or {}, key, None if seed is None else int(seed), body.get("lora_path")
+            )
+        )
         script = None if key is None else self.scripts[key]
         finish = "stop"
         if self.abort_on_turn is not None and turn >= self.abort_on_turn:
