@@ -32,7 +32,12 @@ from swerl.exec.sweinstance import InstanceError, sample_instance
 from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.prefetch import prefetcher
-from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
+from swerl.trainer_plugin.replay import (
+    ROUTING_REPLAY_FLAG,
+    ReplaySpec,
+    RoutingReplayError,
+    TopPReplayError,
+)
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
@@ -197,6 +202,8 @@ async def _run_one_episode(
     _log_outcome(outcome)
     if spec.routed_experts:
         check_routing_replay(outcome)
+    if spec.top_p:
+        check_top_p_replay(outcome)
     return outcome
 
 
@@ -391,6 +398,22 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             f"--rollout-function-path {path} (slime's fully-async rollout) cannot take the "
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
+        )
+
+
+def check_top_p_replay(outcome: EpisodeOutcome) -> None:
+    """Stops the run when `--rollout-top-p < 1` meets an engine that returns no top-p sets
+    (stock SGLang; only slime's patched v0.5.15.post1 returns them): the agent ends every such
+    episode INFRA_ERROR, and dropping them would resample forever."""
+    result = outcome.result
+    if (
+        result is not None
+        and result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR
+        and "top_p_token_ids" in result.error_message
+    ):
+        raise TopPReplayError(
+            "--rollout-top-p < 1 but the policy engine returns no top-p sets (stock SGLang; "
+            f"only slime's patched SGLang does): {result.error_reason}; use --rollout-top-p 1.0"
         )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agent_playback import PlaybackAgent, PlaybackServer, Scenario, result
+from agent_playback import PlaybackAgent, PlaybackServer, Scenario, asks_top_p, result
 from conftest import FRAMEWORK, make_args, make_sample
 
 from swerl.agent.v1 import agent_pb2
@@ -146,19 +146,39 @@ async def test_miles_dynamic_global_batch_size_gets_no_compact_batch(fw, samplin
     fw.train_data(args, [outs])
 
 
-async def test_top_p_below_one_against_an_engine_without_top_p_sets_stops_at_the_first_call(fw):
+@pytest.mark.parametrize("agent_side", [False, True])
+async def test_top_p_below_one_against_an_engine_without_top_p_sets_stops_at_the_first_call(
+    fw, agent_side
+):
     """Stock SGLang returns no top-p sets (only slime's patched v0.5.15.post1 does): the first
     generate call raises naming the flag, instead of every episode becoming a dropped
     placeholder and the rollout resampling forever."""
-    agent = PlaybackAgent(lambda start: Scenario(result=result(start, with_replay=False)))
+
+    def answer(start: agent_pb2.EpisodeStart) -> Scenario:
+        if agent_side:  # what swerl's agent answers when the engine's reply lacks the sets
+            failed = result(
+                start,
+                agent_pb2.EPISODE_STATUS_INFRA_ERROR,
+                reward=None,
+                error_reason="POLICY_BAD_REPLY",
+                error_message="the sampling params ask for top-p token ids but the policy"
+                " reply has no meta_info.top_p_token_ids/top_p_token_offsets",
+            )
+            return Scenario(result=failed)
+        return Scenario(result=result(start, with_replay=False))
+
+    agent = PlaybackAgent(answer)
     async with PlaybackServer(agent) as server:
         args = make_args([server.address])
         args.rollout_top_p = 0.9
         params = dict(fw.state(args).sampling_params)
-        if fw.NAME == "miles":  # miles has no top-p replay: nothing to refuse, a normal sample
+        if fw.NAME == "miles":  # miles has no top-p replay: the agent is never asked for sets
             out = await fw.generate(args, make_sample(), params)
-            (sample,) = fw.check_call_result(out, per_turn=False)
-            assert not sample.remove_sample
+            (start,) = agent.starts
+            assert not asks_top_p(start)
+            if not agent_side:
+                (sample,) = fw.check_call_result(out, per_turn=False)
+                assert not sample.remove_sample
             return
         with pytest.raises(TopPReplayError) as caught:
             await fw.generate(args, make_sample(), params)
