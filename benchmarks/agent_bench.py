@@ -83,7 +83,8 @@ def _incremental(codec, config, system, user, pairs, responses):
         costs.append(time.perf_counter() - started)
         cpu.append(time.thread_time() - started_cpu)
         sizes.append(len(sent))
-    trajectory.whole_record().check()
+    for record in trajectory.whole_records():
+        record.check()
     return costs, cpu, sizes, trimmed_turns
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,10 +29,15 @@ from google.protobuf import struct_pb2
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
 from swerl.exec.sweinstance import InstanceError, sample_instance
-from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
+from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.prefetch import prefetcher
-from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
+from swerl.trainer_plugin.replay import (
+    ROUTING_REPLAY_FLAG,
+    ReplaySpec,
+    RoutingReplayError,
+    TopPReplayError,
+)
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
@@ -63,6 +69,12 @@ class GenerateCall:
     def per_turn(self) -> bool:
         """Dynamic history: one sample per turn (never for evaluation)."""
         return self.settings.dynamic_history and not self.evaluation
+
+    @property
+    def chains(self) -> bool:
+        """Whether a trimmed whole trajectory may come back as a list of chains (never for
+        evaluation, whose counts are per episode; see refusals.lists_allowed)."""
+        return not self.evaluation and refusals.lists_allowed(self.args, self.framework_name)
 
     def aborted(self) -> bool:
         """The framework's abort flag (of `state`, or its singleton)."""
@@ -137,12 +149,15 @@ async def _generate_alone(
     decode = _decoder(call.settings, call.framework_name, call.state)
     # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
     return await asyncio.to_thread(
-        convert.outcome_to_samples,
-        sample,
-        outcome,
-        per_turn=call.per_turn,
-        decode=decode,
-        spec=spec,
+        functools.partial(
+            convert.outcome_to_samples,
+            sample,
+            outcome,
+            per_turn=call.per_turn,
+            decode=decode,
+            spec=spec,
+            chains=call.chains,
+        )
     )
 
 
@@ -187,6 +202,8 @@ async def _run_one_episode(
     _log_outcome(outcome)
     if spec.routed_experts:
         check_routing_replay(outcome)
+    if spec.top_p:
+        check_top_p_replay(outcome)
     return outcome
 
 
@@ -315,9 +332,14 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
             if isinstance(split, branching.RunAlone):
                 continue
             out = convert.outcome_to_samples(
-                member.sample, split, per_turn=per_turn, decode=decode, spec=spec
+                member.sample,
+                split,
+                per_turn=per_turn,
+                decode=decode,
+                spec=spec,
+                chains=call.chains,
             )
-            lists[i] = out if per_turn else [out]
+            lists[i] = out if isinstance(out, list) else [out]
             branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
         if per_turn and branched:
             order = sorted(lists)
@@ -345,8 +367,12 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
             lists.update(zip(order, shared, strict=True))
+            for samples in shared:
+                convert.set_sibling_rollout_ids(samples)
         return [
-            branching.RUN_ALONE if i not in lists else (lists[i] if per_turn else lists[i][0])
+            branching.RUN_ALONE
+            if i not in lists
+            else (lists[i] if per_turn or len(lists[i]) > 1 else lists[i][0])
             for i in range(len(members))
         ]
 
@@ -361,6 +387,9 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
     also applies no dynamic filter, so infra placeholders reach training there, where they are
     loss-masked (`remove_sample`) and left out of the reward statistics by post_process_rewards.
     """
+    refused = refusals.refusal(args, framework_name, dynamic_history=settings.dynamic_history)
+    if refused is not None:
+        raise PluginConfigError(refused)
     if framework_name == "miles" or not settings.dynamic_history:
         return
     path = str(getattr(args, "rollout_function_path", "") or "")
@@ -369,6 +398,22 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             f"--rollout-function-path {path} (slime's fully-async rollout) cannot take the "
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
+        )
+
+
+def check_top_p_replay(outcome: EpisodeOutcome) -> None:
+    """Stops the run when `--rollout-top-p < 1` meets an engine that returns no top-p sets
+    (stock SGLang; only slime's patched v0.5.15.post1 returns them): the agent ends every such
+    episode INFRA_ERROR, and dropping them would resample forever."""
+    result = outcome.result
+    if (
+        result is not None
+        and result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR
+        and "top_p_token_ids" in result.error_message
+    ):
+        raise TopPReplayError(
+            "--rollout-top-p < 1 but the policy engine returns no top-p sets (stock SGLang; "
+            f"only slime's patched SGLang does): {result.error_reason}; use --rollout-top-p 1.0"
         )
 
 
@@ -543,6 +588,7 @@ def build_start(
             tokenizer_path=tokenizer_path(args, settings),
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
+            lora_path=framework.lora_path(framework.find(settings.framework), args, sample),
         ),
         limits=agent_client.episode_limits(
             max_turns=settings.max_turns,

@@ -524,8 +524,15 @@ class Episode:
             for index, record in enumerate(self._policy.turn_records()):
                 self._fill_record(result.turns.add(), record, shaped(self.reward, index))
         else:
-            record = self._policy.whole_record()
-            self._fill_record(result.trajectory, record, shaped(self.reward, None))
+            # One record per chain, each with the episode's reward; a lone chain (no trim)
+            # stays in `trajectory`, where readers that predate chains find it.
+            records = self._policy.whole_records()
+            reward = shaped(self.reward, None)
+            if len(records) == 1:
+                self._fill_record(result.trajectory, records[0], reward)
+            else:
+                for record in records:
+                    self._fill_record(result.chains.add(), record, reward)
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec

@@ -84,8 +84,8 @@ class Policy(Protocol):
         """One record per turn: the exact prompt sent and the response (dynamic history)."""
         ...
 
-    def whole_record(self) -> TokenRecordData:
-        """The whole episode as one record."""
+    def whole_records(self) -> list[TokenRecordData]:
+        """The whole episode as one record per chain (one unless the history was trimmed)."""
         ...
 
     def branch(self, sampling_seed: int) -> Policy:
@@ -239,8 +239,8 @@ class TokenMode:
     def turn_records(self) -> list[TokenRecordData]:
         return self._trajectory.turn_records
 
-    def whole_record(self) -> TokenRecordData:
-        return self._trajectory.whole_record()
+    def whole_records(self) -> list[TokenRecordData]:
+        return self._trajectory.whole_records()
 
     def branch(self, sampling_seed: int) -> TokenMode:
         twin = TokenMode(
@@ -298,7 +298,7 @@ class ChatMode:
     def turn_records(self) -> list[TokenRecordData]:
         return []
 
-    def whole_record(self) -> TokenRecordData:
+    def whole_records(self) -> list[TokenRecordData]:
         raise ValueError("a chat-mode episode has no token records")
 
     def branch(self, sampling_seed: int) -> ChatMode:

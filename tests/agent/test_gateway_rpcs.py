@@ -92,7 +92,9 @@ async def _refused(call, code: grpc.StatusCode, reason: str) -> None:
 
 async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, replay) -> None:
     stub, _ = agent
-    opened = await stub.OpenSession(_open(replay.url), timeout=30)
+    request = _open(replay.url)
+    request.policy.lora_path = "policy-lora-7"
+    opened = await stub.OpenSession(request, timeout=30)
     assert opened.openai_base_url.endswith(f"/s/{opened.session_id}/v1")
     assert opened.anthropic_base_url.endswith(f"/s/{opened.session_id}")
     again = await stub.OpenSession(_open(replay.url), timeout=30)
@@ -107,6 +109,7 @@ async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, repl
     # The routing key is the session id; sampling params are the session's.
     call = replay.stats.calls[0]
     assert call.headers.get("X-SMG-Routing-Key") == opened.session_id
+    assert call.lora_path == "policy-lora-7"  # PolicyConfig.lora_path, on every call
     live = await stub.GetSession(pb.GetSessionRequest(session_id=opened.session_id), timeout=10)
     assert live.status == pb.SESSION_STATUS_OPEN and live.owner == "rollout-3"
     assert [c.kind for c in live.calls] == [pb.SESSION_CALL_KIND_ROOT]
