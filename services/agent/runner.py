@@ -285,6 +285,7 @@ class EpisodeRunner:
                 omission_text=omission_text,
                 executor=self.executor,
                 tokenizer_pool=self.tokenizer_pool,
+                drop_reasoning=config.history_reasoning == "drop",
             )
         key = settings.openai_api_key
         chat = OpenAIChatPolicy(
