@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import signal
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from swerl.agent import branching, grading
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.judging import PrmSpec, StepJudge
-from swerl.agent.modes import ContextExhausted, Policy
+from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import PolicyUnavailable
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
@@ -51,6 +51,9 @@ from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.step_scoring import StepScoring
 from swerl.agent.tokens import TokenRecordData
+from swerl.agent.toolcalls import CallIds
+from swerl.agent.tools import ToolBox, command_notes, killed_by
+from swerl.agent.toolturn import ToolState, run_tool_turn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.wire import episode_status_pb
 from swerl.chassis.timeconv import duration_pb
@@ -70,11 +73,6 @@ __all__ = [
 
 T = TypeVar("T")
 _OUTPUT_HEAD_CHARS = 1000
-_RESTARTED_NOTE = (
-    "[The sandbox's processes had all died (a command killed them), so it was started again"
-    " before this command: files are kept; background processes, the shell's variables and"
-    " its working directory are gone.]\n"
-)
 
 
 class SandboxBroken(Exception):
@@ -83,22 +81,6 @@ class SandboxBroken(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def killed_by(exit_code: int, timed_out: bool) -> int | None:
-    """The signal that ended a command (exit code 128+N by the shell's convention); None for
-    an ordinary exit or a timeout (the node's own kill)."""
-    if timed_out or not 128 < exit_code < 128 + 65:
-        return None
-    return exit_code - 128
-
-
-def _killed_note(signum: int) -> str:
-    try:
-        name = f" ({signal.Signals(signum).name})"
-    except ValueError:
-        name = ""
-    return f"[The command, or the shell running it, was killed by signal {signum}{name}.]\n"
 
 
 @dataclass
@@ -143,7 +125,8 @@ class Episode:
         self.status: EpisodeStatus | None = None
         self.error_reason = ""
         self.error_message = ""
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.tools = ToolState(CallIds(seed=zlib.crc32(spec.episode_id.encode())))
         self.steps: list[dict[str, Any]] = []
         self.turns = 0
         self.tool_calls = 0
@@ -325,8 +308,11 @@ class Episode:
                 self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", "the policy aborted")
                 return
             self.turns += 1
-            self.messages.append({"role": "assistant", "content": answer.text})
-            turn = await self._act(sandbox, index, answer.text, turns_left)
+            if spec.config.tool_calls:
+                turn = await self._act_tools(sandbox, index, answer, turns_left)
+            else:
+                self.messages.append({"role": "assistant", "content": answer.text})
+                turn = await self._act(sandbox, index, answer.text, turns_left)
             turn.index = index
             turn.prompt_tokens = answer.prompt_tokens
             turn.response_tokens = answer.response_tokens
@@ -339,8 +325,12 @@ class Episode:
                 self._emit(pb.RunEpisodeResponse(turn=turn))
                 self._end(EpisodeStatus.SUBMITTED)
                 return
-            turn.observation_tokens = await self._policy.observe(self.messages[-1]["content"])
+            replies = self.tools.replies or self.messages[-1]["content"]
+            turn.observation_tokens = await self._policy.observe(replies)
             self._emit(pb.RunEpisodeResponse(turn=turn))
+            if self.tools.over_limit(spec.config):
+                self._end(EpisodeStatus.LIMIT_TURNS, *self.tools.limit_detail(spec.config))
+                return
         if stop == spec.max_turns:
             self._end(EpisodeStatus.LIMIT_TURNS)
 
@@ -412,22 +402,64 @@ class Episode:
             self.submission = submitted
             self.messages.append({"role": "user", "content": output})
         else:
-            notes = (_RESTARTED_NOTE if restarted else "") + (
-                _killed_note(signum) if signum is not None else ""
-            )
-            observation = await self._cpu(
-                lambda: render_observation(
-                    config,
-                    exit_code=result.exit_code,
-                    output=notes + output,
-                    timed_out=result.timed_out,
-                    timeout_s=spec.command_timeout_s,
-                    turns_left=turns_left,
-                )
+            observation = await self._render_bash(
+                result.exit_code, output, result.timed_out, restarted, turns_left
             )
             self.messages.append({"role": "user", "content": observation})
         self._scoring.judge_turn(step["turn"], step["response"], command, result.exit_code, output)
         return turn
+
+    async def _act_tools(
+        self, sandbox: SandboxHandle, index: int, answer: PolicyTurn, turns_left: int
+    ) -> pb.EpisodeTurn:
+        """A `tool_calls` turn: the reply's calls run in order, each answered by its own tool
+        message (swerl.agent.toolturn)."""
+        spec, config = self.spec, self.spec.config
+        parsed = self.tools.parse(answer, config)
+        box = ToolBox(
+            sandbox,
+            workdir=config.workdir,
+            env={**config.env, **spec.env},
+            command_timeout_s=spec.command_timeout_s,
+            render_bash=self._render_bash,
+        )
+        box.last_killed = self._last_killed
+        step: dict[str, Any] = {"turn": index, "response": answer.text}
+        self.steps.append(step)
+        try:
+            done = await run_tool_turn(parsed, box, config, turns_left)
+        except EpisodeInfraError as err:
+            step.update(sandbox_lost=err.message[:500])
+            if err.reason == SANDBOX_NOT_RUNNING and box.last_killed:
+                raise SandboxBroken(err.message) from err
+            raise
+        self._last_killed = box.last_killed
+        self.messages += [done.assistant, *done.replies]
+        self.tool_calls += len(done.ran)
+        self.clock.env_s += self.tools.record(done, step)
+        self.submission = done.submission if done.submission is not None else self.submission
+        turn = done.turn_pb(_OUTPUT_HEAD_CHARS)
+        self._scoring.judge_turn(
+            index, answer.text, turn.action or None, turn.exit_code, done.output
+        )
+        return turn
+
+    async def _render_bash(
+        self, code: int, output: str, timed_out: bool, restarted: bool, left: int | None = None
+    ) -> str:
+        """A command's observation, with the notes on a kill or a restarted sandbox."""
+        notes = command_notes(code, timed_out, restarted)
+        spec = self.spec
+        return await self._cpu(
+            lambda: render_observation(
+                spec.config,
+                exit_code=code,
+                output=notes + output,
+                timed_out=timed_out,
+                timeout_s=spec.command_timeout_s,
+                turns_left=left,
+            )
+        )
 
     # -- after the loop: branches or grading ------------------------------------------------------
 
@@ -455,6 +487,7 @@ class Episode:
         branch.messages = [dict(m) for m in self.messages]
         branch.steps = copy.deepcopy(self.steps)
         branch.turns, branch.tool_calls = self.turns, self.tool_calls
+        branch.tools = self.tools.copy()
         branch._last_killed = self._last_killed
         # The trunk's turns are judged once: a branch shares the trunk's judgments.
         branch._scoring = self._scoring.for_branch(emit)
@@ -491,6 +524,8 @@ class Episode:
             m["model_query_time_avg"] = c.model_s / self.turns
         if self.tool_calls:
             m["env_execution_time_avg"] = c.env_s / self.tool_calls
+        if self.spec.config.tool_calls:
+            m.update(self.tools.metrics())
         if total > 0:
             m["model_time_ratio"] = c.model_s / total
             m["env_time_ratio"] = c.env_s / total

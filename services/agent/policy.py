@@ -68,7 +68,7 @@ class TokenPolicy(Protocol):
 
 class ChatPolicy(Protocol):
     async def chat(
-        self, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+        self, messages: Sequence[Mapping[str, Any]], max_new_tokens: int
     ) -> Generation: ...
 
 
@@ -349,8 +349,11 @@ class OpenAIChatPolicy:
         connect_attempts: int = 4,
         connect_max_delay_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         base = endpoint.rstrip("/")
+        # The tool protocol's tools, sent in the chat API's `tools` field on every request.
+        self._tools = [dict(tool) for tool in tools]
         self._url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
         self._session = session
         self._model = model
@@ -362,13 +365,15 @@ class OpenAIChatPolicy:
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
 
-    async def chat(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int) -> Generation:
-        payload = {
+    async def chat(self, messages: Sequence[Mapping[str, Any]], max_new_tokens: int) -> Generation:
+        payload: dict[str, Any] = {
             "model": self._model,
-            "messages": list(messages),
+            "messages": [_chat_message(m) for m in messages],
             "max_tokens": max_new_tokens,
             **self._params,
         }
+        if self._tools:
+            payload["tools"] = self._tools
         try:
             async for attempt in async_retrying(
                 max_attempts=self._attempts,
@@ -393,8 +398,26 @@ class OpenAIChatPolicy:
             raise PolicyUnavailable(f"chat server {self._url} unreachable: {err}") from err
         try:
             choice = json.loads(raw)["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as err:
+            message = choice["message"]
+            text = message.get("content") or ""
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                raise TypeError("tool_calls is not a list")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             raise PolicyUnavailable(f"unreadable chat reply: {err}", "POLICY_BAD_REPLY") from err
         finish = str(choice.get("finish_reason") or "stop")
-        return Generation([], [], "length" if finish == "length" else finish, text=text)
+        meta: dict[str, Any] = {}
+        if self._tools:
+            meta["tool_calls"] = [c for c in calls or [] if isinstance(c, Mapping)]
+        if isinstance(message.get("reasoning_content"), str):
+            meta["reasoning_content"] = message["reasoning_content"]
+        return Generation([], [], "length" if finish == "length" else finish, text=text, meta=meta)
+
+
+def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as the chat API takes it: swerl's own keys (reasoning_content, a tool
+    message's name) are left out."""
+    out = {k: v for k, v in message.items() if k not in ("reasoning_content", "name")}
+    if out.get("role") == "assistant" and out.get("tool_calls") and not out.get("content"):
+        out["content"] = None
+    return out

@@ -135,6 +135,71 @@ def destructive_script() -> list[str]:
     ]
 
 
+# -- the tool_calls protocol: the same scripts as native tool calls ---------------------------
+
+
+def _calls(text: str, *calls: tuple[str, dict[str, Any]], parser: str = "qwen25") -> str:
+    """A reply: the text, then each call the way the model writes it in `parser`'s format."""
+    from swerl.agent.toolcalls import get_tool_call_format
+
+    fmt = get_tool_call_format(parser)
+    return text + "".join("\n" + fmt.render_call(name, args) for name, args in calls)
+
+
+def _tool_patch(patch: str) -> tuple[str, dict[str, Any]]:
+    return (
+        "str_replace_editor",
+        {"command": "create", "path": "/tmp/swerl_fix.patch", "file_text": patch},
+    )
+
+
+def gold_tool_script(patch: str, workdir: str = "/testbed", parser: str = "qwen25") -> list[str]:
+    """The gold script with tool calls: two calls in the first reply, the patch written with
+    the editor (exact bytes), applied with bash, the tests, then `submit`."""
+    return [
+        _calls(
+            "Let me look at the repository first.",
+            ("bash", {"command": "git status --short && ls"}),
+            ("str_replace_editor", {"command": "view", "path": workdir}),
+            parser=parser,
+        ),
+        _calls(
+            "I found the bug; writing the fix as a patch and applying it.",
+            _tool_patch(patch),
+            ("bash", {"command": "git apply /tmp/swerl_fix.patch && git diff --stat"}),
+            parser=parser,
+        ),
+        _calls(
+            "Now run the test suite.",
+            ("bash", {"command": "python3 -m pytest -q 2>&1 | tail -n 5", "timeout": 120}),
+            parser=parser,
+        ),
+        _calls("The change is in place. Submitting.", ("submit", {}), parser=parser),
+    ]
+
+
+def wrong_tool_script(wrong_patch: str | None, parser: str = "qwen25") -> list[str]:
+    """A fix that does not fix, with tool calls."""
+    if wrong_patch:
+        change = _calls(
+            "I think this is the fix.",
+            _tool_patch(wrong_patch),
+            ("bash", {"command": "git apply /tmp/swerl_fix.patch && git diff --stat"}),
+            parser=parser,
+        )
+    else:
+        change = _calls(
+            "I think a note in the README is what is needed.",
+            ("bash", {"command": "echo '# see the issue tracker' >> README.md"}),
+            parser=parser,
+        )
+    return [
+        _calls("Looking around.", ("bash", {"command": "ls"}), parser=parser),
+        change,
+        _calls("Submitting.", ("submit", {}), parser=parser),
+    ]
+
+
 def script_key(problem_statement: str) -> str:
     """How a script finds its prompt: the problem statement's first non-empty line."""
     for line in problem_statement.splitlines():
@@ -143,13 +208,21 @@ def script_key(problem_statement: str) -> str:
     return problem_statement.strip()
 
 
-def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, list[str]]:
+def scripts_for_tasks(
+    tasks: Iterable[Any], variant: str = "gold", *, tool_call_parser: str = ""
+) -> dict[str, list[str]]:
     """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not,
-    `destructive` kills every process of its sandbox and submits nothing."""
+    `destructive` kills every process of its sandbox and submits nothing. With a
+    `tool_call_parser` (the `tool_calls` protocol) gold and wrong act through tool calls
+    written in that parser's format."""
     scripts = {}
     for task in tasks:
         key = script_key(task.instance["problem_statement"])
-        if variant == "gold":
+        if tool_call_parser and variant == "gold":
+            scripts[key] = gold_tool_script(task.gold_patch, parser=tool_call_parser)
+        elif tool_call_parser and variant == "wrong":
+            scripts[key] = wrong_tool_script(task.wrong_patch, parser=tool_call_parser)
+        elif variant == "gold":
             scripts[key] = gold_script(task.gold_patch)
         elif variant == "wrong":
             scripts[key] = wrong_script(task.wrong_patch)

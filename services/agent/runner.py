@@ -262,7 +262,7 @@ class EpisodeRunner:
         header = settings.routing_key_header
         headers = {header: spec.episode_id} if header else {}
         if spec.api == pb.POLICY_API_SGLANG_GENERATE:
-            codec = await self.codec(tokenizer_path, spec.config.chat_template_kwargs)
+            codec = await self.codec(tokenizer_path, spec.config.template_kwargs())
             client = SglangPolicy(
                 self.session(),
                 spec.endpoint,
@@ -287,6 +287,7 @@ class EpisodeRunner:
                 omission_text=omission_text,
                 executor=self.executor,
                 tokenizer_pool=self.tokenizer_pool,
+                drop_reasoning=config.history_reasoning == "drop",
             )
         key = settings.openai_api_key
         chat = OpenAIChatPolicy(
@@ -299,6 +300,7 @@ class EpisodeRunner:
             connect_attempts=settings.policy_connect_attempts,
             connect_max_delay_s=settings.policy_connect_max_delay_s,
             headers=headers,
+            tools=spec.config.tools if spec.config.tool_calls else (),
         )
         return ChatMode(chat, max_new_tokens=spec.max_new_tokens)
 

@@ -35,8 +35,16 @@ class SandboxHandle(Protocol):
     def lost_detail(self) -> tuple[str, str]: ...
 
     async def run(
-        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
-    ) -> ExecResult: ...
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: str,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Runs one command; `stdin`: exact bytes for its stdin (None: no stdin)."""
+        ...
 
     async def diff(self) -> bytes: ...
 
@@ -123,11 +131,17 @@ class _PoolHandle:
         return (lease.lost_reason or "UNSPECIFIED", lease.lost_message)
 
     async def run(
-        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: str,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         try:
             return await self.lease.sandbox.run(
-                self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd
+                self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd, stdin=stdin
             )
         except grpc.aio.AioRpcError as err:
             if error_info(err)[0] == SANDBOX_NOT_RUNNING:  # the episode decides whose doing

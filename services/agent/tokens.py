@@ -78,14 +78,55 @@ class ChatCodec:
             raise TemplateMismatch("empty assistant header or end-of-turn")
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
+        # Reasoning markers as single tokens (Qwen3: <think>, </think>), and the tokens made of
+        # newlines only, for `strip_reasoning` (None when the tokenizer has no such tokens).
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.think_ids = (
+            (vocab["<think>"], vocab["</think>"])
+            if "<think>" in vocab and "</think>" in vocab
+            else None
+        )
+        self._newline_ids = {i for n in range(1, 5) for i in self.encode("\n" * n)}
+        # Deltas are measured without the tools when the template writes the messages after an
+        # assistant turn the same either way (Qwen3 declares tools in the system block only):
+        # rendering every tool schema again each turn was most of a tool turn's bookkeeping.
+        self._delta_kwargs = self.template_kwargs
+        if "tools" in self.template_kwargs:
+            plain = {k: v for k, v in self.template_kwargs.items() if k != "tools"}
+            probe = [
+                {"role": "tool", "tool_call_id": "call_probe", "content": "P"},
+                {"role": "user", "content": "Q"},
+            ]
+            if self._after(probe, self.template_kwargs) == self._after(probe, plain):
+                self._delta_kwargs = plain
 
-    def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        generation_prompt: bool,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         return self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=False,
             add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
+            **(self.template_kwargs if kwargs is None else kwargs),
         )
+
+    def _after(self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> str:
+        """The text the template writes after an assistant message: `messages`, the header."""
+        full = self._render(
+            [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": _SENTINEL},
+                *messages,
+            ],
+            generation_prompt=True,
+            kwargs=kwargs,
+        )
+        return full.split(_SENTINEL, 1)[1]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -106,16 +147,7 @@ class ChatCodec:
 
     def user_message_text(self, text: str) -> str:
         """The text of one user message as the template writes it between two turns."""
-        full = self._render(
-            [
-                {"role": "system", "content": "S"},
-                {"role": "user", "content": "U"},
-                {"role": "assistant", "content": _SENTINEL},
-                {"role": "user", "content": text},
-            ],
-            generation_prompt=True,
-        )
-        after = full.split(_SENTINEL, 1)[1]
+        after = self._after([{"role": "user", "content": text}], self._delta_kwargs)
         if not after.startswith(self.close_text) or not after.endswith(self.header_text):
             raise TemplateMismatch("a user message after an assistant message is not a pure delta")
         return after[len(self.close_text) : len(after) - len(self.header_text)]
@@ -128,6 +160,35 @@ class ChatCodec:
         if response_ids and response_ids[-1] == self.end_of_turn_id:
             ids = ids[1:]
         return ids
+
+    def messages_delta(
+        self, response_ids: Sequence[int], messages: Sequence[Mapping[str, Any]]
+    ) -> list[int]:
+        """Like `observation_delta` for any messages after the response (the tool protocol's
+        tool messages, or its user message when a reply called no tool): end-of-turn, the
+        messages as the template writes them after an assistant turn, the next header."""
+        after = self._after(messages, self._delta_kwargs)
+        if not after.startswith(self.close_text) or not after.endswith(self.header_text):
+            raise TemplateMismatch("messages after an assistant message are not a pure delta")
+        ids = self.encode(after)
+        if response_ids and response_ids[-1] == self.end_of_turn_id:
+            ids = ids[1:]
+        return ids
+
+    def strip_reasoning(self, response_ids: Sequence[int]) -> list[int]:
+        """A response as a template that drops earlier reasoning writes it: without its leading
+        `<think>...</think>` block and the newlines after it (ids cut, nothing re-tokenized)."""
+        ids = list(response_ids)
+        if self.think_ids is None or not ids or ids[0] != self.think_ids[0]:
+            return ids
+        try:
+            end = ids.index(self.think_ids[1])
+        except ValueError:
+            return ids  # reasoning cut off by the token limit: kept as sampled
+        rest = end + 1
+        while rest < len(ids) and ids[rest] in self._newline_ids:
+            rest += 1
+        return ids[rest:]
 
     def user_message_ids(self, text: str) -> list[int]:
         """A standalone user message (the context manager's omission marker), no header."""
