@@ -368,9 +368,11 @@ class NodeRegistry:
     def _adopt_lease(self, node: Node, sb: SandboxFacts, now: float) -> None:
         slack = self._settings.node_expiry_slack_s
         ttl = float(sb.labels.get(LABEL_TTL, "0") or 0) or self._settings.default_ttl_s
-        # The lease ran until about node expiry - slack; a holder whose renewals failed while
-        # the pool was away gets until the node's own expiry to reconnect.
-        expire = max(sb.expire_time - slack, min(sb.expire_time, now + slack))
+        # The lease ran until about node expiry - slack. Its holder could not renew with the
+        # pool while the pool was away, so the lease's time did not run for it meanwhile: it gets
+        # a whole TTL to reconnect, bounded by the node's own expiry (which the holder keeps
+        # moving on the node while the pool is away, see swerl.pool.client).
+        expire = max(sb.expire_time - slack, min(sb.expire_time, now + ttl))
         lease = Lease(
             lease_id=sb.lease_id,
             request_id=sb.labels.get(LABEL_REQUEST, ""),
