@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from pathlib import Path
 
 from swerl.chassis.logging import configure_logging
@@ -46,15 +47,33 @@ def _scripted(args: argparse.Namespace) -> int:
         await judge.start(args.port)
         print(f"scripted judge serving /generate on {judge.url}", flush=True)
         try:
-            await asyncio.Event().wait()
+            await _stop_signal()
         finally:
             await judge.stop()
 
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(main())
     return 0
+
+
+async def _stop_signal() -> None:
+    """Returns on the first SIGINT or SIGTERM.
+
+    The loop's own handlers, not Python's KeyboardInterrupt: a process started with SIGINT
+    ignored (any background job of a non-interactive shell, so a test runner's or a script's
+    children) inherits SIG_IGN, Python then installs no SIGINT handler and asyncio.run() none
+    either, and the server never stopped on Ctrl-C or a supervisor's SIGINT. SIGTERM (what
+    systemd and docker send) stops it the same way.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
