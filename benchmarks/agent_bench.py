@@ -197,7 +197,16 @@ class MemorySandbox:
             out = b"COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\ndiff --git a/x b/x\n"
         else:
             out = ("def handler(request):\n    return respond(request.body)\n" * 40).encode()
-        return ExecResult(0, out, b"", False, False, 0, 0.02, False)
+        return ExecResult(
+            exit_code=0,
+            stdout=out,
+            stderr=b"",
+            timed_out=False,
+            output_truncated=False,
+            bytes_dropped=0,
+            duration_s=0.02,
+            signaled=False,
+        )
 
     async def diff(self) -> bytes:
         return b""

@@ -5,38 +5,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import cast
 
 import grpc
 
 from swerl.chassis.timeconv import duration_pb as duration
+from swerl.exec.outcome import ExecResult
+from swerl.exec.settings import DEFAULT_COMMAND_TIMEOUT_S
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-    timed_out: bool
-    output_truncated: bool
-    bytes_dropped: int
-    duration_s: float
-    signaled: bool
-    # The sandbox had stopped and was started again before this command (files kept).
-    sandbox_restarted: bool = False
-
-    @property
-    def output(self) -> bytes:
-        """stdout then stderr (the order of interleaving is not kept across streams)."""
-        return self.stdout + self.stderr
-
-
-def exec_start(sandbox_id: str, command: str, **kwargs) -> pb.ExecRequest:
-    """The `start` request of an Exec call (the keyword arguments of `start_message`)."""
-    return pb.ExecRequest(start=start_message(sandbox_id, command, **kwargs))
+def exec_start(
+    sandbox_id: str,
+    command: str,
+    *,
+    cwd: str = "",
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 0.0,
+    max_output_bytes: int = 0,
+    session: bool = False,
+    open_stdin: bool = False,
+    notify_started: bool = False,
+) -> pb.ExecRequest:
+    """The `start` request of an Exec call (the arguments of `start_message`)."""
+    return pb.ExecRequest(
+        start=start_message(
+            sandbox_id,
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            session=session,
+            open_stdin=open_stdin,
+            notify_started=notify_started,
+        )
+    )
 
 
 def start_message(
@@ -51,6 +56,9 @@ def start_message(
     open_stdin: bool = False,
     notify_started: bool = False,
 ) -> pb.ExecStart:
+    """One command as the node reads it. Zero (or empty) means the node's default: the cwd is
+    the sandbox's workdir, the timeout `ExecSettings.default_timeout_s`, the output cap
+    `default_max_output_bytes`; `session` runs it in the sandbox's persistent shell."""
     return pb.ExecStart(
         sandbox_id=sandbox_id,
         command=command,
@@ -107,9 +115,20 @@ class SandboxClient:
         self._streams: dict[str, CommandStream] = {}
 
     async def run(
-        self, sandbox_id: str, command: str, *, deadline_s: float | None = None, **kwargs
+        self,
+        sandbox_id: str,
+        command: str,
+        *,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 0.0,
+        max_output_bytes: int = 0,
+        session: bool = False,
+        open_stdin: bool = False,
+        notify_started: bool = False,
+        deadline_s: float | None = None,
     ) -> ExecResult:
-        """Runs one command and gathers its output (the arguments of `exec_start`).
+        """Runs one command and gathers its output (the arguments of `start_message`).
 
         Commands on one sandbox go over one ExecCommands call, kept open between them (see
         `CommandStream`); a failed command raises the node's `grpc.aio.AioRpcError` as an Exec
@@ -118,7 +137,17 @@ class SandboxClient:
         stream = self._streams.get(sandbox_id)
         if stream is None:
             stream = self._streams[sandbox_id] = CommandStream(self.stub, sandbox_id)
-        return await stream.run(command, deadline_s=deadline_s, **kwargs)
+        return await stream.run(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout_s=timeout_s,
+            max_output_bytes=max_output_bytes,
+            session=session,
+            open_stdin=open_stdin,
+            notify_started=notify_started,
+            deadline_s=deadline_s,
+        )
 
     def commands(
         self,
@@ -184,13 +213,37 @@ class CommandStream:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    async def run(self, command: str, *, deadline_s: float | None = None, **kwargs) -> ExecResult:
-        """Runs one command and gathers its output (the arguments of `exec_start`). A failed
+    async def run(
+        self,
+        command: str,
+        *,
+        cwd: str = "",
+        env: Mapping[str, str] | None = None,
+        timeout_s: float = 0.0,
+        max_output_bytes: int = 0,
+        session: bool = False,
+        open_stdin: bool = False,
+        notify_started: bool = False,
+        deadline_s: float | None = None,
+    ) -> ExecResult:
+        """Runs one command and gathers its output (the arguments of `start_message`). A failed
         command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call. The
         wait is bounded by `deadline_s` (default: the command timeout plus a margin)."""
-        request = pb.ExecCommandsRequest(start=start_message(self.sandbox_id, command, **kwargs))
+        request = pb.ExecCommandsRequest(
+            start=start_message(
+                self.sandbox_id,
+                command,
+                cwd=cwd,
+                env=env,
+                timeout_s=timeout_s,
+                max_output_bytes=max_output_bytes,
+                session=session,
+                open_stdin=open_stdin,
+                notify_started=notify_started,
+            )
+        )
         if deadline_s is None:
-            deadline_s = (kwargs.get("timeout_s") or 180.0) + COMMAND_DEADLINE_MARGIN_S
+            deadline_s = (timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + COMMAND_DEADLINE_MARGIN_S
         loop = asyncio.get_running_loop()
         async with self._turn:
             if self._idle is not None:

@@ -19,10 +19,11 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, TypeVar
 
-from swerl.exec.errors import ExecStartRequired, StdinNotOpen
+from swerl.exec.errors import EmptyCommand, ExecStartRequired, InvalidCommand, StdinNotOpen
+from swerl.exec.settings import ExecSettings
 from swerl.exec.shell import CommandRun, CommandSpec, Exit, Output, Started
 
 # How long output waits for the command's exit to travel with it (ExecCommands): long enough
@@ -62,6 +63,34 @@ class CommandEnd:
 
 
 CommandEvent = Started | Output | Exit | CommandEnd
+
+
+def check_command(spec: CommandSpec, sandbox_id: str) -> None:
+    """Refuses an empty command and a negative timeout or output cap (zero is the default)."""
+    if not spec.command.strip():
+        raise EmptyCommand("command is empty", sandbox_id=sandbox_id)
+    if spec.timeout_s < 0 or spec.max_output_bytes < 0:
+        raise InvalidCommand(
+            f"timeout ({spec.timeout_s:g} s) and max_output_bytes ({spec.max_output_bytes})"
+            " cannot be negative (zero means the node's default)",
+            sandbox_id=sandbox_id,
+        )
+
+
+def with_node_defaults(spec: CommandSpec, settings: ExecSettings, workdir: str) -> CommandSpec:
+    """The one place a command's zeros become the node's defaults: no cwd runs in the sandbox's
+    workdir (a SESSION command stays where the session is), no timeout is
+    `default_timeout_s`, no output cap `default_max_output_bytes`; every cap is held to
+    `max_output_bytes_limit`."""
+    return replace(
+        spec,
+        cwd=spec.cwd or ("" if spec.session else workdir),
+        timeout_s=spec.timeout_s or settings.default_timeout_s,
+        max_output_bytes=min(
+            spec.max_output_bytes or settings.default_max_output_bytes,
+            settings.max_output_bytes_limit,
+        ),
+    )
 
 
 class CommandHost(Protocol):

@@ -103,24 +103,14 @@ class DockerBackend:
 
     # -- images ---------------------------------------------------------------------------
     async def image_present(self, image: str) -> bool:
-        try:
-            await self._call(self._api.inspect_image, image)
-        except docker.errors.APIError as exc:
-            # Docker's own grammar is the last word: a reference it refuses is the caller's.
-            if "invalid reference format" in str(exc):
-                raise InvalidImageReference(
-                    f"malformed image reference {image!r}", image=image
-                ) from None
-            if isinstance(exc, docker.errors.NotFound):
-                return False
-            raise
-        return True
+        return await self.inspect_image(image) is not None
 
     async def inspect_image(self, image: str) -> dict[str, Any] | None:
         """Docker's record of an image (Id, Size, RepoTags, ...); None when it is absent."""
         try:
             return await self._call(self._api.inspect_image, image)
         except docker.errors.APIError as exc:
+            # Docker's own grammar is the last word: a reference it refuses is the caller's.
             if "invalid reference format" in str(exc):
                 raise InvalidImageReference(
                     f"malformed image reference {image!r}", image=image

@@ -37,8 +37,9 @@ from typing import Any
 import structlog
 
 from swerl.chassis.errors import InvalidArgument, SwerlError
+from swerl.exec.image_ensure import validate_image_reference
 from swerl.exec.output import STDOUT
-from swerl.exec.sandboxes import CreateSpec, SandboxManager, validate_image_reference
+from swerl.exec.sandboxes import CreateSpec, SandboxManager
 from swerl.exec.shell import CONTAINER_IO_DIR, CommandSpec, Exit, Output
 
 log = structlog.get_logger(__name__)

@@ -31,15 +31,8 @@ import structlog
 from swerl.chassis.sqlite import SqliteStore
 from swerl.exec.errors import CheckpointNotFound, InvalidSandboxSpec, NodeAtCapacity, SandboxBusy
 from swerl.exec.images import FORK_IMAGE_LABEL
-from swerl.exec.sandboxes import (
-    ENV_LABEL,
-    LABEL_PREFIX,
-    USER_LABEL,
-    CreateSpec,
-    Resources,
-    SandboxManager,
-    SandboxRecord,
-)
+from swerl.exec.labels import ENV_LABEL, LABEL_PREFIX, USER_LABEL
+from swerl.exec.sandboxes import CreateSpec, Resources, SandboxManager, SandboxRecord
 
 log = structlog.get_logger(__name__)
 

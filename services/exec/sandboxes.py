@@ -24,80 +24,23 @@ import structlog
 
 import swerl
 from swerl.chassis.capability import check as check_capability
+from swerl.exec.commands import check_command, with_node_defaults
+from swerl.exec.diff import DiffResult, git_diff
 from swerl.exec.docker_backend import ContainerSpec, DockerBackend
-from swerl.exec.errors import (
-    DiffTooLarge,
-    DockerUnavailable,
-    EmptyCommand,
-    ImageNotPresent,
-    InvalidCommand,
-    InvalidImageReference,
-    InvalidSandboxSpec,
-    NodeAtCapacity,
-    NotAGitRepository,
-    SandboxNotFound,
-    UnknownBaseRef,
-)
-from swerl.exec.images import CachedImage, ImageCache, PullProgress
+from swerl.exec.errors import ImageNotPresent, InvalidSandboxSpec, NodeAtCapacity, SandboxNotFound
+from swerl.exec.health import DockerHealth
+from swerl.exec.image_ensure import ImageEvent, ensure_images, validate_image_reference
+from swerl.exec.images import CachedImage, ImageCache
+from swerl.exec.labels import ENV_LABEL, LABEL_PREFIX, USER_LABEL
+from swerl.exec.reaper import SandboxReaper
 from swerl.exec.settings import ExecSettings
-from swerl.exec.shell import (
-    CONTAINER_IO_DIR,
-    CommandRun,
-    CommandSpec,
-    SandboxShell,
-    bash_quote,
-    ensure_io_dir,
-)
+from swerl.exec.shell import CONTAINER_IO_DIR, CommandRun, CommandSpec, SandboxShell, ensure_io_dir
 from swerl.exec.store import NodeStore, StoredSandbox
 
 log = structlog.get_logger(__name__)
 
-# Every label swerl puts on a container starts with this; callers' own labels with USER_LABEL.
-LABEL_PREFIX = "swerl."
-USER_LABEL = LABEL_PREFIX + "user."
-ENV_LABEL = LABEL_PREFIX + "env."  # the sandbox's environment, for adoption after a restart
-
-# The networks a sandbox can have, and the final statuses of an image in EnsureImages.
+# The networks a sandbox can have.
 NETWORK_MODES = ("none", "bridge", "host")
-PULL_RESULTS = ("PRESENT", "PULLED", "FAILED")
-
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)"
-_DOMAIN = rf"(?:{_HOST}(?:\.{_HOST})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
-_IMAGE_REF = re.compile(
-    rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
-)
-_IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-
-# Docker's limit on a repository name (domain and path, without tag or digest).
-_NAME_MAX = 255
-
-
-def validate_image_reference(image: str) -> None:
-    """Docker's reference grammar (name[:tag][@digest]) or a full image id."""
-    if not image:
-        raise InvalidImageReference("image is required")
-    if _IMAGE_ID.match(image):
-        return
-    if len(image) > 512 or not _IMAGE_REF.match(image):
-        raise InvalidImageReference(f"malformed image reference {image!r}", image=image)
-    name = image.partition("@")[0]
-    if name.rfind(":") > name.rfind("/"):
-        name = name[: name.rfind(":")]
-    if len(name) > _NAME_MAX:
-        raise InvalidImageReference(
-            f"repository name of {image[:80]!r}... is longer than {_NAME_MAX} characters",
-            image=image[:_NAME_MAX],
-        )
-    # As Docker reads it, a first component is a registry only if it has a dot or a port or is
-    # `localhost`; otherwise it is part of the repository path, which must be lower case.
-    first, slash, _ = name.partition("/")
-    is_registry = slash and ("." in first or ":" in first or first == "localhost")
-    if not is_registry and first != first.lower():
-        raise InvalidImageReference(f"repository name must be lower case: {image!r}", image=image)
 
 
 @dataclass
@@ -157,13 +100,6 @@ class SandboxRecord:
 
 
 @dataclass(frozen=True)
-class DiffResult:
-    patch: bytes
-    files: list[str]
-    base_commit: str
-
-
-@dataclass(frozen=True)
 class NodeInfo:
     node_id: str
     version: str
@@ -177,22 +113,6 @@ class NodeInfo:
     image_budget_bytes: int
     image_used_bytes: int
     images_cached: int
-
-
-@dataclass(frozen=True)
-class ImageEvent:
-    """Progress (status set, final False) or the final result of one image."""
-
-    image: str
-    final: bool
-    status: str  # progress: Docker's status; final: PRESENT | PULLED | FAILED
-    current_bytes: int = 0
-    total_bytes: int = 0
-    reason: str = ""
-    message: str = ""
-    duration_s: float = 0.0
-    size_bytes: int = 0
-    evicted: tuple[str, ...] = ()
 
 
 class SandboxManager:
@@ -214,10 +134,11 @@ class SandboxManager:
         # Images of the creates under way: in use before their container exists.
         self._creating_images: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
-        self._on_docker_health = on_docker_health
-        self.docker_healthy = True
-        self.docker_version = ""
-        self.docker_error = ""
+        # dockerd's health (swerl.exec.health) and the housekeeping rounds (swerl.exec.reaper).
+        self.health = DockerHealth(backend, settings.docker_health_interval_s, on_docker_health)
+        self.reaper = SandboxReaper(
+            settings, backend, lambda: list(self._records.values()), self.destroy
+        )
         self.images = ImageCache(settings, backend, store, self._images_in_use)
         # Called with each destroyed sandbox (swerl.exec.forks frees fork images it held).
         self.after_destroy: list[Callable[[SandboxRecord], None]] = []
@@ -230,12 +151,12 @@ class SandboxManager:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        self.docker_version = await self.backend.ping()
+        self.health.version = await self.backend.ping()
         await self.reconcile()
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(self._reap_loop(), name="exec.reaper"),
-            loop.create_task(self._docker_health_loop(), name="exec.docker-health"),
+            loop.create_task(self.reaper.run(), name="exec.reaper"),
+            loop.create_task(self.health.run(), name="exec.docker-health"),
         ]
 
     async def stop(self) -> None:
@@ -397,9 +318,9 @@ class SandboxManager:
             version=swerl.__version__,
             capacity=self.settings.max_sandboxes,
             running=self.live_count,
-            docker_healthy=self.docker_healthy,
-            docker_version=self.docker_version,
-            docker_error=self.docker_error,
+            docker_healthy=self.health.healthy,
+            docker_version=self.health.version,
+            docker_error=self.health.error,
             cpus=cpus,
             memory_bytes=memory,
             image_budget_bytes=usage.budget_bytes,
@@ -586,197 +507,32 @@ class SandboxManager:
             hook(record)
         return True
 
-    async def _reap_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reap_interval_s)
-            with contextlib.suppress(Exception):
-                await self._notice_exited_containers()
-            with contextlib.suppress(Exception):
-                await self._remove_orphans()
-            now = time.time()
-            for record in list(self._records.values()):
-                if record.expire_time <= now and record.destroying is None:
-                    try:
-                        await self.destroy(record.sandbox_id)
-                        log.info("sandbox.reaped", sandbox_id=record.sandbox_id)
-                    except Exception as exc:  # retried next round
-                        log.warning(
-                            "sandbox.reap_failed", sandbox_id=record.sandbox_id, error=str(exc)
-                        )
-
-    async def _remove_orphans(self) -> None:
-        """Removes containers of this node that no sandbox record accounts for. A create whose
-        start failed and whose cleanup failed too (dockerd going away between the two, seen in
-        the soak's dockerd restart) leaves a container no record, and so no reaper, ever sees;
-        only a node restart's reconcile would. A create still in flight has no record yet
-        either, hence the grace on the container's age."""
-        found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
-        known = {record.container_id for record in self._records.values()}
-        cutoff = time.time() - self.settings.orphan_grace_s
-        for info in found:
-            created = float(info.labels.get(LABEL_PREFIX + "create_time", "0") or 0)
-            if info.container_id in known or created > cutoff:
-                continue
-            await self.backend.remove(info.container_id)
-            log.warning(
-                "sandbox.orphan_removed",
-                container=info.name,
-                sandbox_id=info.labels.get(LABEL_PREFIX + "sandbox_id", ""),
-            )
-
-    async def _notice_exited_containers(self) -> None:
-        """Logs sandboxes whose container stopped or vanished behind swerl's back (their next
-        command starts them again, or finds them lost)."""
-        listed_at = time.time()
-        found = await self.backend.list_labelled({LABEL_PREFIX + "node": self.settings.node_id})
-        running = {info.container_id for info in found if info.running}
-        for record in list(self._records.values()):
-            # A sandbox created while the list was being taken is not in it yet.
-            if record.tracked_since >= listed_at - 1.0:
-                continue
-            if record.running and record.destroying is None and record.container_id not in running:
-                record.running = False
-                log.warning("sandbox.exited", sandbox_id=record.sandbox_id)
-
-    async def _docker_health_loop(self) -> None:
-        while True:
-            try:
-                self.docker_version = await self.backend.ping()
-                healthy, error = True, ""
-            except DockerUnavailable as exc:
-                healthy, error = False, exc.message
-            if healthy != self.docker_healthy:
-                log.warning("exec.docker_health", healthy=healthy, error=error)
-                if self._on_docker_health is not None:
-                    self._on_docker_health(healthy)
-            self.docker_healthy, self.docker_error = healthy, error
-            await asyncio.sleep(self.settings.docker_health_interval_s)
-
     # -- commands -------------------------------------------------------------------------
     def start_command(self, sandbox_id: str, spec: CommandSpec) -> CommandRun:
-        if not spec.command.strip():
-            raise EmptyCommand("command is empty", sandbox_id=sandbox_id)
-        if spec.timeout_s < 0 or spec.max_output_bytes < 0:
-            raise InvalidCommand(
-                f"timeout ({spec.timeout_s:g} s) and max_output_bytes ({spec.max_output_bytes})"
-                " cannot be negative (zero means the node's default)",
-                sandbox_id=sandbox_id,
-            )
+        check_command(spec, sandbox_id)
         record = self.get(sandbox_id)
         if record.shell.lost is not None:
             raise record.shell.lost
-        cwd = spec.cwd or ("" if spec.session else record.workdir)
-        return record.shell.start(
-            CommandSpec(
-                command=spec.command,
-                cwd=cwd,
-                env=spec.env,
-                timeout_s=spec.timeout_s or self.settings.default_timeout_s,
-                max_output_bytes=min(
-                    spec.max_output_bytes or self.settings.default_max_output_bytes,
-                    self.settings.max_output_bytes_limit,
-                ),
-                session=spec.session,
-                open_stdin=spec.open_stdin,
-                notify_started=spec.notify_started,
-            )
-        )
+        return record.shell.start(with_node_defaults(spec, self.settings, record.workdir))
 
     async def diff(
         self, sandbox_id: str, base_ref: str, include_untracked: bool, path: str
     ) -> DiffResult:
         record = self.get(sandbox_id)
-        repo = path or record.workdir or "."
-        base = base_ref or "HEAD"
-        # A private index (GIT_INDEX_FILE) leaves the agent's staging area untouched.
-        git = (
-            "git -c core.quotepath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false"
-            " -c color.ui=false"
+        return await git_diff(
+            record.shell,
+            sandbox_id,
+            path or record.workdir or ".",
+            base_ref,
+            include_untracked,
+            self.settings.max_diff_bytes,
         )
-        add = "add -A" if include_untracked else "add -u"
-        script = f"""
-cd -- {bash_quote(repo).decode()} 2>/dev/null || {{ echo "no such directory" >&2; exit 90; }}
-git rev-parse --is-inside-work-tree >/dev/null 2>&1 || exit 91
-base=$(git rev-parse --verify -q {bash_quote(base + "^{commit}").decode()}) || exit 92
-idx=$(mktemp) || exit 93
-trap 'rm -f "$idx"' EXIT
-export GIT_INDEX_FILE="$idx"
-{git} read-tree "$base" && {git} {add} >/dev/null || exit 94
-printf '%s\\n' "$base"
-{git} diff --cached --name-only -z "$base" || exit 95
-printf '\\0'
-{git} diff --cached --binary --no-ext-diff --no-textconv "$base" || exit 96
-"""
-        code, out, err, truncated = await record.shell.run_capture(
-            script,
-            timeout_s=120.0,
-            max_output_bytes=self.settings.max_diff_bytes,
-        )
-        if code == 90 or code == 91:
-            raise NotAGitRepository(f"{repo!r} is not a git work tree in sandbox {sandbox_id}")
-        if code == 92:
-            raise UnknownBaseRef(f"base ref {base!r} is not a commit in {repo!r}")
-        if truncated:
-            raise DiffTooLarge(f"diff exceeds {self.settings.max_diff_bytes} bytes")
-        if code != 0:
-            message = err.decode(errors="replace")[-500:]
-            raise NotAGitRepository(f"git failed ({code}): {message}")
-        head, _, rest = out.partition(b"\n")
-        names, _, patch = rest.partition(b"\0\0")
-        if not names and rest.startswith(b"\0"):
-            patch = rest[1:]
-        files = [n.decode("utf-8", "surrogateescape") for n in names.split(b"\0") if n]
-        return DiffResult(patch=patch, files=files, base_commit=head.decode().strip())
 
     # -- images ---------------------------------------------------------------------------
     async def list_images(self) -> list[CachedImage]:
         return await self.images.listing()
 
-    async def ensure_images(
+    def ensure_images(
         self, images: list[str], mirror_prefix: str, concurrency: int
     ) -> AsyncIterator[ImageEvent]:
-        queue: asyncio.Queue[ImageEvent | None] = asyncio.Queue()
-        limit = asyncio.Semaphore(max(concurrency, 1))
-
-        async def one(image: str) -> None:
-            async with limit:
-                await queue.put(await self._ensure_one(image, mirror_prefix, queue))
-
-        async def all_images() -> None:
-            try:
-                await asyncio.gather(*(one(image) for image in dict.fromkeys(images)))
-            finally:
-                await queue.put(None)
-
-        runner = asyncio.get_running_loop().create_task(all_images())
-        try:
-            while (event := await queue.get()) is not None:
-                yield event
-        finally:
-            runner.cancel()
-
-    async def _ensure_one(
-        self, image: str, mirror_prefix: str, queue: asyncio.Queue[ImageEvent | None]
-    ) -> ImageEvent:
-        started = time.monotonic()
-        try:
-            validate_image_reference(image)
-        except InvalidImageReference as exc:
-            return ImageEvent(
-                image, True, "FAILED", reason="INVALID_IMAGE_REFERENCE", message=exc.message
-            )
-
-        def progress(p: PullProgress) -> None:
-            queue.put_nowait(ImageEvent(image, False, p.status, p.current_bytes, p.total_bytes))
-
-        outcome = await self.images.ensure(image, mirror_prefix, progress)
-        return ImageEvent(
-            image,
-            True,
-            outcome.status,
-            reason=outcome.reason,
-            message=outcome.message,
-            duration_s=time.monotonic() - started,
-            size_bytes=outcome.size_bytes,
-            evicted=outcome.evicted,
-        )
+        return ensure_images(self.images, images, mirror_prefix, concurrency)

@@ -20,9 +20,10 @@ from swerl.exec.commands import (
     run_commands,
 )
 from swerl.exec.forks import Checkpoint, ForkManager
+from swerl.exec.image_ensure import ImageEvent
 from swerl.exec.images import CachedImage
 from swerl.exec.output import STDERR, STDOUT
-from swerl.exec.sandboxes import CreateSpec, ImageEvent, Resources, SandboxManager, SandboxRecord
+from swerl.exec.sandboxes import CreateSpec, Resources, SandboxManager, SandboxRecord
 from swerl.exec.shell import CommandSpec, Exit, Output
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc

@@ -10,6 +10,10 @@ from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis.settings import ServiceSettings
 
+# A command's timeout when its request has none (timeout 0): ExecSettings.default_timeout_s, and
+# the client's deadline for such a command (it cannot ask the node) is this plus a margin.
+DEFAULT_COMMAND_TIMEOUT_S = 180.0
+
 
 class ExecSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SWERL_EXEC_", extra="ignore")
@@ -30,7 +34,9 @@ class ExecSettings(ServiceSettings):
     default_cpus: float = 2.0
     default_memory_bytes: int = 4 << 30
     default_pids: int = 1024
-    default_timeout_s: float = Field(180.0, description="command timeout when a request has none")
+    default_timeout_s: float = Field(
+        DEFAULT_COMMAND_TIMEOUT_S, description="command timeout when a request has none"
+    )
     default_max_output_bytes: int = 1 << 20
     max_output_bytes_limit: int = Field(64 << 20, description="largest output cap a request gets")
     max_diff_bytes: int = 64 << 20

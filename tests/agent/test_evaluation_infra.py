@@ -35,7 +35,16 @@ class _Sandbox:
 
     async def run(self, command, *, timeout_s, env, cwd):
         out = b"COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\ndiff --git a/x b/x\n+1\n"
-        return ExecResult(0, out, b"", False, False, 0, 0.01, False)
+        return ExecResult(
+            exit_code=0,
+            stdout=out,
+            stderr=b"",
+            timed_out=False,
+            output_truncated=False,
+            bytes_dropped=0,
+            duration_s=0.01,
+            signaled=False,
+        )
 
     async def diff(self):
         return b""

@@ -76,7 +76,16 @@ class _Provider:
 
 
 def _exit(code: int, out: bytes = b"") -> ExecResult:
-    return ExecResult(code, out, b"", False, False, 0, 0.01, False)
+    return ExecResult(
+        exit_code=code,
+        stdout=out,
+        stderr=b"",
+        timed_out=False,
+        output_truncated=False,
+        bytes_dropped=0,
+        duration_s=0.01,
+        signaled=False,
+    )
 
 
 async def _episode(commands: list[str], answers) -> tuple[pb.EpisodeResult, list[str]]:
@@ -147,7 +156,16 @@ async def test_a_sandbox_found_dead_with_no_command_of_the_policy_to_blame_is_in
 
 async def test_a_command_that_timed_out_is_not_the_policy_killing_its_sandbox():
     # exit 137 of a timeout is the node's own kill, not the policy's doing.
-    timed_out = ExecResult(137, b"", b"", True, False, 0, 5.0, False)
+    timed_out = ExecResult(
+        exit_code=137,
+        stdout=b"",
+        stderr=b"",
+        timed_out=True,
+        output_truncated=False,
+        bytes_dropped=0,
+        duration_s=5.0,
+        signaled=False,
+    )
     answers = [timed_out, EpisodeInfraError(SANDBOX_NOT_RUNNING, NOT_RUNNING)]
     result, _ = await _episode(["sleep 100", "ls"], answers)
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR and not result.HasField("reward")

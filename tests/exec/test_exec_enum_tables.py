@@ -4,8 +4,9 @@ so a value added to either fails here rather than at run time on some later call
 from __future__ import annotations
 
 from swerl.exec import servicer
+from swerl.exec.image_ensure import PULL_RESULTS
 from swerl.exec.output import STDERR, STDOUT
-from swerl.exec.sandboxes import NETWORK_MODES, PULL_RESULTS
+from swerl.exec.sandboxes import NETWORK_MODES
 from swerl.exec.shell import SIGNALS
 from swerl.exec.v1 import sandbox_pb2 as pb
 

@@ -1,0 +1,56 @@
+"""dockerd's health as this exec node sees it: one ping per interval, and who hears of a change.
+
+`DockerHealth.probe` asks dockerd once (`DockerBackend.ping`) and records the answer; `run` does
+that forever, `ExecSettings.docker_health_interval_s` apart. A change from healthy to unhealthy
+or back is logged and handed to `on_change` (the server marks its gRPC health SERVING or
+NOT_SERVING with it). `NodeInfo` reports `healthy`, `version` and `error` as last recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from swerl.exec.docker_backend import DockerBackend
+from swerl.exec.errors import DockerUnavailable
+
+log = structlog.get_logger(__name__)
+
+
+class DockerHealth:
+    """The last answer of the node's dockerd, and the loop that keeps asking."""
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        interval_s: float,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.interval_s = interval_s
+        self.on_change = on_change
+        self.healthy = True
+        self.version = ""  # dockerd's version, from the last ping that answered
+        self.error = ""  # why the last ping failed; empty while healthy
+
+    async def probe(self) -> bool:
+        """Pings dockerd once, records the outcome and reports a change; True if it answered."""
+        try:
+            self.version = await self.backend.ping()
+            healthy, error = True, ""
+        except DockerUnavailable as exc:
+            healthy, error = False, exc.message
+        if healthy != self.healthy:
+            log.warning("exec.docker_health", healthy=healthy, error=error)
+            if self.on_change is not None:
+                self.on_change(healthy)
+        self.healthy, self.error = healthy, error
+        return healthy
+
+    async def run(self) -> None:
+        """Probes every `interval_s` until cancelled."""
+        while True:
+            await self.probe()
+            await asyncio.sleep(self.interval_s)

@@ -1,0 +1,285 @@
+"""The session of one sandbox (`SandboxShell`): its supervisor, the shell's turn, restarts.
+
+One command at a time holds the shell's turn, callers queued in arrival order. A supervisor that
+cannot start because the container stopped (a command killed every process) gets the container
+started again, filesystem intact; one that stops too often makes the sandbox lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from swerl.exec.docker_backend import ContainerState, DockerBackend
+from swerl.exec.errors import (
+    InvalidCommand,
+    SandboxContainerRemoved,
+    SandboxNotRunning,
+    ShellUnavailable,
+)
+from swerl.exec.outcome import Exit
+from swerl.exec.output import STDERR, STDOUT
+from swerl.exec.shell.run import CommandRun
+from swerl.exec.shell.spec import CommandSpec, Output
+from swerl.exec.shell.supervisor import Supervisor
+
+log = structlog.get_logger(__name__)
+
+# A container that stops this many times within RESTART_WINDOW_S is not started again: something
+# kills it as soon as it runs (e.g. out of memory at once), and the sandbox is lost.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
+class SandboxShell:
+    """The command runner of one sandbox: one supervisor, one command at a time."""
+
+    def __init__(
+        self, backend: DockerBackend, container_id: str, io_dir: Path, env: Mapping[str, str]
+    ) -> None:
+        self._backend = backend
+        self.container_id = container_id
+        self.io_dir = io_dir
+        self._env = dict(env)
+        # The shell's turn: one command (or the warm-up) at a time, in arrival order. Only
+        # take_turn and end_turn touch the lock; `_turn` names its holder.
+        self._lock = asyncio.Lock()
+        self._turn: object | None = None
+        self.supervisor: Supervisor | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        # Set once the container cannot be started again: every later command fails with it.
+        self.lost: SandboxNotRunning | SandboxContainerRemoved | None = None
+        # The container was started again since the last command: the next Exit says so.
+        self._restarted = False
+        self._restart_times: collections.deque[float] = collections.deque(maxlen=MAX_RESTARTS)
+
+    async def ensure_supervisor(self) -> Supervisor:
+        """The live supervisor, started if there is none. When it cannot start because the
+        container stopped (a command killed every process, and docker-init ends with its child),
+        the container is started again, filesystem intact, and the next Exit says so; a container
+        that cannot be started again makes the sandbox lost (docs/shell-protocol.md, N16)."""
+        sup = self.supervisor
+        if sup is not None and not sup.dead:
+            return sup
+        if self.lost is not None:
+            raise self.lost
+        if sup is not None:
+            log.info("shell.restart", container_id=self.container_id[:12])
+        try:
+            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+        except ShellUnavailable:
+            state = await self._backend.container_state(self.container_id)
+            if state is not None and state.running:
+                raise
+            sup = await self._start_container_again(state)
+        self.supervisor = sup
+        return sup
+
+    async def _start_container_again(self, state: ContainerState | None) -> Supervisor:
+        short = self.container_id[:12]
+        if state is None:
+            raise self._lose(
+                SandboxContainerRemoved(
+                    "the sandbox's container was removed from outside; destroy the sandbox and"
+                    " create another",
+                    container_id=short,
+                )
+            )
+        now = time.monotonic()
+        if (
+            len(self._restart_times) == MAX_RESTARTS
+            and now - self._restart_times[0] < RESTART_WINDOW_S
+        ):
+            raise self._lose(
+                self._not_running(
+                    f"it stopped {MAX_RESTARTS} times within {RESTART_WINDOW_S:g} s"
+                    f" ({_how_it_ended(state)})"
+                )
+            )
+        self._restart_times.append(now)
+        log.warning("sandbox.restarting", container_id=short, ended=_how_it_ended(state))
+        refused = await self._backend.start(self.container_id)
+        if refused:
+            raise self._lose(self._not_running(f"Docker refuses to start it ({refused})"))
+        try:
+            sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
+        except ShellUnavailable as exc:
+            again = await self._backend.container_state(self.container_id)
+            if again is not None and again.running:
+                raise  # the container runs: the shell's own trouble, not the sandbox's
+            raise self._lose(
+                self._not_running(f"it stopped again right after a start ({_how_it_ended(again)})")
+            ) from exc
+        self._restarted = True
+        log.warning("sandbox.restarted", container_id=short)
+        return sup
+
+    def _lose(
+        self, error: SandboxNotRunning | SandboxContainerRemoved
+    ) -> SandboxNotRunning | SandboxContainerRemoved:
+        self.lost = error
+        log.warning("sandbox.lost", container_id=self.container_id[:12], reason=error.reason)
+        return error
+
+    def take_restarted(self) -> bool:
+        """Whether the container was started again since the last command asked (once)."""
+        restarted, self._restarted = self._restarted, False
+        return restarted
+
+    async def reset(self, sup: Supervisor | None, pgid: int, holder: object) -> None:
+        """Puts the shell right after a run the node ended itself, then ends `holder`'s turn:
+        what is left of the command and the old supervisor is killed, and the next supervisor
+        starts (the container too, when it stopped), so the next command finds one ready."""
+        try:
+            if sup is not None:
+                sup.close()
+            await self.kill_inside(pgid=pgid, pids=(sup.pid,) if sup is not None else ())
+            if not self.closed:
+                with contextlib.suppress(Exception):
+                    await self.ensure_supervisor()
+        finally:
+            self.end_turn(holder)
+
+    async def take_turn(self, holder: object) -> None:
+        """Waits until the shell is free (callers queue in arrival order), then gives it to
+        `holder` until `holder` calls end_turn."""
+        await self._lock.acquire()
+        self._turn = holder
+
+    def end_turn(self, holder: object) -> None:
+        """Frees the shell for the next in line. A command's turn ends in the reader callback
+        that sees its end (docs/shell-protocol.md, "the turn"), not in its caller."""
+        if self._turn is not holder:
+            raise RuntimeError("the shell's turn ended by a caller that does not hold it")
+        self._turn = None
+        self._lock.release()
+
+    def busy(self) -> bool:
+        """Whether a command holds the shell or waits for it (the warm-up does not count): a
+        fork must see the filesystem between commands, never in the middle of one."""
+        waiting = getattr(self._lock, "_waiters", None) or ()
+        return (self._turn is not None and self._turn is not self) or any(
+            not w.cancelled() for w in waiting
+        )
+
+    def warm(self) -> None:
+        """Starts the shell in the background, so the first command does not pay for it."""
+
+        async def start() -> None:
+            await self.take_turn(self)
+            try:
+                with contextlib.suppress(Exception):
+                    await self.ensure_supervisor()
+            finally:
+                self.end_turn(self)
+
+        self.spawn(start())
+
+    def _not_running(self, why: str) -> SandboxNotRunning:
+        return SandboxNotRunning(
+            f"the sandbox's container stopped and cannot be started again: {why}; destroy the"
+            " sandbox and create another",
+            container_id=self.container_id[:12],
+        )
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def start(self, spec: CommandSpec) -> CommandRun:
+        if not spec.command.strip():
+            raise InvalidCommand("empty command")
+        return CommandRun(self, spec)
+
+    async def run_capture(
+        self, command: str, *, timeout_s: float, max_output_bytes: int
+    ) -> tuple[int, bytes, bytes, bool]:
+        """Runs a command to completion: (exit_code, stdout, stderr, truncated)."""
+        run = self.start(
+            CommandSpec(command, timeout_s=timeout_s, max_output_bytes=max_output_bytes)
+        )
+        out = {STDOUT: bytearray(), STDERR: bytearray()}
+        finished = False
+        try:
+            async for event in run.events():
+                if isinstance(event, Output):
+                    out[event.stream] += event.data
+                elif isinstance(event, Exit):
+                    finished = True
+                    return (
+                        event.exit_code,
+                        bytes(out[STDOUT]),
+                        bytes(out[STDERR]),
+                        event.output_truncated,
+                    )
+        finally:
+            if not finished:
+                run.abandon()
+        raise ShellUnavailable("command ended without an exit status")
+
+    def timed_out_pgid(self) -> int:
+        """The process group the watchdog last killed at its deadline (0 if none is left)."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.io_dir / "timeout").read_text().split()[0])
+        return 0
+
+    def current_pgid(self, nonce: str) -> int:
+        """The process group of the command with this nonce, once it has been forked."""
+        with contextlib.suppress(OSError, ValueError):
+            # "<nonce> <pgid> <deadline_us> <nonce>", overwritten in place (see supervisor.sh)
+            fields = (self.io_dir / "pgid").read_text().split()
+            if len(fields) == 4 and fields[0] == nonce and fields[3] == nonce:
+                return int(fields[1])
+        return 0
+
+    async def kill_group(self, pgid: int, signal: str = "KILL") -> None:
+        """Signals a command's process group from a side `docker exec` (~60 ms, rare)."""
+        with contextlib.suppress(Exception):
+            await self._backend.exec_run(
+                self.container_id, ["bash", "-c", f"kill -s {signal} -- -{int(pgid)}"]
+            )
+
+    async def kill_inside(
+        self, *, pgid: int = 0, pids: tuple[int, ...] = (), cont: tuple[int, ...] = ()
+    ) -> None:
+        """One side `docker exec` that continues `cont` (stopped by a command), then kills the
+        process group `pgid` and the processes `pids`; a container that stopped meanwhile has
+        nothing left to kill."""
+        script = "".join(
+            [
+                *(f"kill -s CONT {int(pid)}; " for pid in cont if pid),
+                f"kill -s KILL -- -{int(pgid)}; " if pgid else "",
+                *(f"kill -s KILL {int(pid)}; " for pid in pids if pid),
+            ]
+        )
+        if script:
+            with contextlib.suppress(Exception):
+                await self._backend.exec_run(self.container_id, ["bash", "-c", script + "exit 0"])
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        if self.supervisor is not None:
+            self.supervisor.close()
+
+
+def _how_it_ended(state: ContainerState | None) -> str:
+    if state is None:
+        return "removed"
+    how = f"exit code {state.exit_code}"
+    if state.oom_killed:
+        how += ", out of memory"
+    if state.error:
+        how += f", {state.error}"
+    return how
