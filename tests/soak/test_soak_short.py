@@ -52,6 +52,11 @@ def test_a_leaked_sandbox_fails_the_soak() -> None:
     assert soak.failures(_report(sandboxes_left=["swerl-abc"])) == ["1 sandboxes left"]
 
 
+def test_an_infra_failure_no_fault_explains_fails_the_soak() -> None:
+    found = soak.failures(_report(infra_unexplained=["ep-1 gold INFRA_ERROR LEASE_LOST (x)"]))
+    assert found == ["1 infra failures no fault explains"]
+
+
 def test_counts_that_do_not_add_up_fail_the_soak() -> None:
     # An episode counted nowhere is lost as well, even when no bucket says so.
     found = soak.failures(_report(finished_with_result=89))
