@@ -17,9 +17,10 @@ import grpc
 import pytest
 from conftest import RunningNode, node_settings, start_node
 from dockerd_kit import Dockerd, start_dockerd
-from exec_testkit import assert_status, rpc_error
+from exec_testkit import ExecStream, assert_status, rpc_error
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
 
 # The node pings dockerd every second and calls a ping unanswered after 2 s a hung dockerd.
@@ -122,3 +123,33 @@ async def test_a_hung_dockerd_is_told_to_create_sandbox_and_get_diff_within_10s(
         await asyncio.sleep(0.2)
     again = await node.create(base_image, workdir="/tmp")
     assert (await node.client.run(again.sandbox_id, "echo back")).stdout == b"back\n"
+
+
+async def test_a_dockerd_restart_under_a_running_exec_ends_it_within_5s(
+    faulty_node, own_dockerd, base_image
+):
+    node = faulty_node
+    sandbox = await node.create(base_image, workdir="/tmp")
+    assert (await node.client.run(sandbox.sandbox_id, "echo up")).stdout == b"up\n"
+    call = ExecStream(
+        node.stub, exec_start(sandbox.sandbox_id, "sleep 120", notify_started=True), timeout_s=150
+    )
+    await call.started()
+    restarted = time.monotonic()
+    restart = asyncio.ensure_future(asyncio.to_thread(own_dockerd.restart))
+    try:
+        # dockerd stops its containers as it goes: the command is killed with its container,
+        # and its caller hears so at once, not at a deadline.
+        result = await asyncio.wait_for(call.result(), 10)
+        told_s = time.monotonic() - restarted
+        assert result.exit_code == 137
+        assert told_s < 5.0, f"told after {told_s:.1f} s"
+    finally:
+        await restart
+    # The next command finds the container started again, filesystem intact.
+    deadline = time.monotonic() + 30
+    while await serving(node) != health_pb2.HealthCheckResponse.SERVING:
+        assert time.monotonic() < deadline, "the node never served again"
+        await asyncio.sleep(0.2)
+    again = await node.client.run(sandbox.sandbox_id, "echo again")
+    assert again.stdout == b"again\n" and again.sandbox_restarted
