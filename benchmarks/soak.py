@@ -377,6 +377,24 @@ _CAUSES = {
 }
 
 
+# What the node told the agent, inside the agent's message, names the fault more precisely than
+# the agent's reason does: a dockerd that went away, or the node's socket closed under a call.
+_NODE_CAUSES = (
+    ("DOCKER_UNAVAILABLE", ("dockerd_restart",)),
+    ("Socket closed", ("node_kill",)),
+    ("Connection reset by peer", ("node_kill",)),
+)
+
+
+def _causes(episode: Episode) -> tuple[str, ...]:
+    causes = _CAUSES.get(episode.reason or episode.status, ())
+    if causes is _SANDBOX_FAULTS:
+        for needle, precise in _NODE_CAUSES:
+            if needle in episode.message:
+                return precise
+    return causes
+
+
 def attribute(
     soak: Soak,
 ) -> tuple[dict[str, list[float]], list[Episode], list[str], list[str]]:
@@ -408,7 +426,7 @@ def attribute(
             unexplained.append(episode)
             lines.append(f"{what}: no fault ({episode.message})")
             continue
-        causes = [f for f in hits if f.kind in _CAUSES.get(episode.reason or episode.status, ())]
+        causes = [f for f in hits if f.kind in _causes(episode)]
         fault = min(causes or hits, key=lambda f: f.injected)
         latency = episode.ended - max(fault.injected, episode.started)
         told[fault.kind].append(latency)
