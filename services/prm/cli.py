@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from swerl.chassis.logging import configure_logging
@@ -44,19 +46,23 @@ def _scripted(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        await judge.start(args.port)
-        print(f"scripted judge serving /generate on {judge.url}", flush=True)
-        try:
-            await _stop_signal()
-        finally:
-            await judge.stop()
+        # The handlers go in before the server says it serves: a signal sent the moment it
+        # does must find them.
+        with _stop_signals() as stop:
+            await judge.start(args.port)
+            print(f"scripted judge serving /generate on {judge.url}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await judge.stop()
 
     asyncio.run(main())
     return 0
 
 
-async def _stop_signal() -> None:
-    """Returns on the first SIGINT or SIGTERM.
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event set on the first SIGINT or SIGTERM while the block runs.
 
     The loop's own handlers, not Python's KeyboardInterrupt: a process started with SIGINT
     ignored (any background job of a non-interactive shell, so a test runner's or a script's
@@ -70,7 +76,7 @@ async def _stop_signal() -> None:
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)
