@@ -277,17 +277,20 @@ class _Keeper:
             got = await stub.GetSandbox(
                 exec_pb.GetSandboxRequest(sandbox_id=lease.sandbox_id), timeout=5.0
             )
+            node_expire = _ts(got.sandbox.expire_time)
             # Only ever later: the pool may have set the node's expiry further than our TTL.
-            if _ts(got.sandbox.expire_time) >= time.time() + lease.hold_s:
-                return
-            await stub.RenewSandbox(
-                exec_pb.RenewSandboxRequest(
-                    request_id=uuid.uuid4().hex,
-                    sandbox_id=lease.sandbox_id,
-                    ttl=duration_pb(lease.hold_s),
-                ),
-                timeout=5.0,
-            )
+            if node_expire < time.time() + lease.hold_s:
+                renewed = await stub.RenewSandbox(
+                    exec_pb.RenewSandboxRequest(
+                        request_id=uuid.uuid4().hex,
+                        sandbox_id=lease.sandbox_id,
+                        ttl=duration_pb(lease.hold_s),
+                    ),
+                    timeout=5.0,
+                )
+                node_expire = _ts(renewed.sandbox.expire_time)
+            # The node keeps the sandbox that long: the lease is not given up before then.
+            lease.expire_time = max(lease.expire_time, node_expire)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND:
                 self._lose(lease.lease_id, "SANDBOX_LOST", "the node no longer has the sandbox")
