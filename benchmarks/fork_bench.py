@@ -33,16 +33,16 @@ import os
 import time
 import uuid
 
+from swerl.agent import client as agent_client
 from swerl.agent.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.chassis.timeconv import duration_pb
 from swerl.exec.server import local_node
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
 
@@ -117,7 +117,7 @@ async def bench(sizes_mb: list[int], copies: list[int]) -> None:
 
 
 def _episode_start(task, url: str, episode_id: str, turns: int) -> agent_pb2.EpisodeStart:
-    start = agent_pb2.EpisodeStart(
+    return agent_client.episode_start(
         episode_id=episode_id,
         instance=instance_to_pb(task.instance),
         policy=agent_pb2.PolicyConfig(
@@ -125,18 +125,16 @@ def _episode_start(task, url: str, episode_id: str, turns: int) -> agent_pb2.Epi
             api=agent_pb2.POLICY_API_SGLANG_GENERATE,
             tokenizer_path=str(bundled_qwen3_tokenizer_dir()),
         ),
-        limits=agent_pb2.EpisodeLimits(
-            max_turns=turns, max_new_tokens=2048, command_timeout=duration_pb(60)
+        limits=agent_client.episode_limits(
+            max_turns=turns, max_new_tokens=2048, command_timeout_s=60
         ),
         options=agent_pb2.EpisodeOptions(skip_evaluation=True, owner="fork-bench"),
+        sampling_params={"temperature": 1.0, "sampling_seed": 7},
     )
-    start.policy.sampling_params.update({"temperature": 1.0, "sampling_seed": 7})
-    return start
 
 
 async def _episode(stub, start: agent_pb2.EpisodeStart) -> list[agent_pb2.EpisodeResult]:
-    call = stub.RunEpisode(iter([agent_pb2.RunEpisodeRequest(start=start)]), timeout=TIMEOUT_S)
-    return [m.result async for m in call if m.WhichOneof("kind") == "result"]
+    return await agent_client.run_episode(stub, start, timeout=TIMEOUT_S)
 
 
 async def bench_agent(group: int, at_turn: int, turns: int) -> None:

@@ -36,6 +36,7 @@ import benchkit
 import grpc
 from soakkit import POLICY_VARIANTS, PrivateDockerd, SoakCluster
 
+from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
@@ -122,7 +123,7 @@ def plan_faults(rng: random.Random, count: int, episodes: int) -> list[Fault]:
 
 
 def episode_start(episode: Episode, policy_url: str) -> pb.EpisodeStart:
-    start = pb.EpisodeStart(
+    return agent_client.episode_start(
         episode_id=episode.episode_id,
         instance=instance_to_pb(episode.task.instance),
         policy=pb.PolicyConfig(
@@ -132,17 +133,16 @@ def episode_start(episode: Episode, policy_url: str) -> pb.EpisodeStart:
             tokenizer_path=str(bundled_qwen3_tokenizer_dir()),
             request_timeout=duration_pb(POLICY_REQUEST_TIMEOUT_S),
         ),
-        limits=pb.EpisodeLimits(
+        limits=agent_client.episode_limits(
             max_turns=6,
             max_new_tokens=1024,
-            wall_timeout=duration_pb(WALL_TIMEOUT_S),
-            command_timeout=duration_pb(30),
-            eval_timeout=duration_pb(EVAL_TIMEOUT_S),
+            wall_timeout_s=WALL_TIMEOUT_S,
+            command_timeout_s=30,
+            eval_timeout_s=EVAL_TIMEOUT_S,
         ),
         options=pb.EpisodeOptions(owner="soak"),
+        sampling_params={"temperature": 1.0},
     )
-    start.policy.sampling_params.update({"temperature": 1.0})
-    return start
 
 
 class Soak:
@@ -192,12 +192,8 @@ class Soak:
         episode.started = self.now()
         result = None
         try:
-            call = stub.RunEpisode(
-                iter([pb.RunEpisodeRequest(start=start)]), timeout=EPISODE_DEADLINE_S
-            )
-            async for message in call:
-                if message.WhichOneof("kind") == "result":
-                    result = message.result
+            results = await agent_client.run_episode(stub, start, timeout=EPISODE_DEADLINE_S)
+            result = results[-1] if results else None
         except grpc.aio.AioRpcError as err:
             code = err.code()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -12,25 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from swerl.chassis.logging import configure_logging, quiet_foreign_libraries
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
 from swerl.tasks import TaskFormatError, TaskImageError, TaskInstance
-
-
-def _exec_serve(args: argparse.Namespace) -> int:
-    from swerl.exec.server import ExecNode
-    from swerl.exec.settings import ExecSettings
-
-    settings = settings_from_args(ExecSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
-
-    async def main() -> None:
-        node = ExecNode(settings)
-        port = await node.start()
-        print(f"swerl exec node {settings.node_id} serving on {settings.host}:{port}", flush=True)
-        await node.serve_until_signal()
-
-    asyncio.run(main())
-    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -97,21 +79,57 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if all(check.ok for check in checks) else 1
 
 
+def _replay_serve(args: argparse.Namespace) -> int:
+    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+    from swerl.tasks import default_tasks_dir, load_tasks
+
+    tasks = load_tasks(Path(args.tasks) if args.tasks else default_tasks_dir())
+    scripts = {} if args.garbage else scripts_for_tasks(tasks, args.variant)
+
+    async def main() -> None:
+        server = ReplayPolicyServer(
+            scripts,
+            tokenizer_dir=args.tokenizer,
+            garbage=args.garbage,
+            latency_s=args.latency_s,
+            host=args.host,
+            port=args.port,
+            fault_control=args.fault_control,
+        )
+        url = await server.start()
+        print(f"swerl replay policy serving /generate on {url}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 # Packages that add subcommands through a `register(subparsers)` function in their `cli` module.
-_REGISTERED: tuple[str, ...] = ("pool", "data", "images", "prm", "agent", "evaluation", "web")
+_REGISTERED: tuple[str, ...] = (
+    "pool",
+    "data",
+    "images",
+    "prm",
+    "agent",
+    "evaluation",
+    "web",
+    "e2b",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="swerl", description=__doc__)
     services = parser.add_subparsers(dest="service", required=True)
 
-    exec_parser = services.add_parser("exec", help="the exec node of a Docker host")
-    exec_cmds = exec_parser.add_subparsers(dest="command", required=True)
-    from swerl.exec.settings import ExecSettings
-
-    serve = exec_cmds.add_parser("serve", help="serve SandboxService on the local dockerd")
-    add_settings_arguments(serve, ExecSettings)
-    serve.set_defaults(handler=_exec_serve)
+    # Each service and tool owns its subcommands in `swerl.<name>.cli.register`; the exec node
+    # first, the task-set tools below are this module's own.
+    importlib.import_module("swerl.exec.cli").register(services)
 
     from swerl.data.naming import CONVENTIONS
 
@@ -158,6 +176,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo.add_argument("--image", default=DEFAULT_IMAGE, help="image of the demo sandbox")
     demo.set_defaults(handler=_demo)
+
+    # The replay policy server plays scripted turns for a task set (a tool over task sets).
+    replay = services.add_parser("replay", help="replay policy server (SGLang /generate)")
+    replay_commands = replay.add_subparsers(dest="command", required=True)
+    rs = replay_commands.add_parser("serve", help="serve scripted turns for a task set")
+    rs.add_argument("--host", default="127.0.0.1")
+    rs.add_argument("--port", type=int, default=30000)
+    rs.add_argument("--tasks", help="tasks directory (default: the bundled examples)")
+    rs.add_argument("--variant", choices=["gold", "wrong", "destructive"], default="gold")
+    rs.add_argument("--garbage", action="store_true", help="answer random tokens")
+    rs.add_argument("--latency-s", type=float, default=0.0)
+    rs.add_argument("--tokenizer", help="tokenizer directory (default: bundled Qwen3)")
+    rs.add_argument(
+        "--fault-control",
+        action="store_true",
+        help="serve POST /fault {mode: error|hang|none, duration_s} to inject policy faults",
+    )
+    rs.set_defaults(handler=_replay_serve)
 
     # Each further service and tool owns its subcommands in `swerl.<name>.cli.register`.
     for name in _REGISTERED:

@@ -115,13 +115,13 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
 
 async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) -> int:
     """Part 2: the bundled tasks through pool, exec, agent and evaluation with the replay policy."""
+    from swerl.agent import client as agent_client
     from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.agent.server import local_agent
     from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
     from swerl.chassis.client import make_channel
     from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-    from swerl.chassis.timeconv import duration_pb
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
     from swerl.tasks import build_images, default_tasks_dir, load_tasks
     from swerl.validate import instance_to_pb
 
@@ -135,7 +135,12 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
     wrong_task = next((t for t in tasks if t.wrong_patch), tasks[0])
     wrong = ReplayPolicyServer(scripts_for_tasks([wrong_task], "wrong"), tokenizer_dir=tokenizer)
     garbage = ReplayPolicyServer(garbage=True, tokenizer_dir=tokenizer)
-    urls = [await server.start() for server in (gold, wrong, garbage)]
+    # One episode with the `tools` agent config: native tool calls in Qwen3's format.
+    tools = ReplayPolicyServer(
+        scripts_for_tasks(tasks[:1], "gold", tool_call_parser="qwen25"), tokenizer_dir=tokenizer
+    )
+    servers = (gold, wrong, garbage, tools)
+    urls = [await server.start() for server in servers]
     status_name = agent_pb2.EpisodeStatus.Name
     rows: list[tuple[str, str, str, str, int, int, float]] = []
     try:
@@ -150,29 +155,26 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
                 stub = agent_pb2_grpc.AgentServiceStub(channel)
                 limit = asyncio.Semaphore(concurrency)
 
-                async def episode(task, url: str, kind: str, max_turns: int = 8) -> None:
-                    start = agent_pb2.EpisodeStart(
+                async def episode(
+                    task, url: str, kind: str, max_turns: int = 8, config: str = ""
+                ) -> None:
+                    start = agent_client.episode_start(
                         episode_id=f"demo-{kind}-{task.instance_id}",
                         instance=instance_to_pb(task.instance),
                         policy=agent_pb2.PolicyConfig(
                             endpoint=url, model="replay", tokenizer_path=tokenizer
                         ),
-                        limits=agent_pb2.EpisodeLimits(
-                            max_turns=max_turns, command_timeout=duration_pb(60)
+                        limits=agent_client.episode_limits(
+                            max_turns=max_turns, command_timeout_s=60
                         ),
-                        options=agent_pb2.EpisodeOptions(owner="demo"),
+                        options=agent_pb2.EpisodeOptions(owner="demo", config_name=config),
+                        sampling_params={"temperature": 1.0},
                     )
-                    start.policy.sampling_params.update({"temperature": 1.0})
                     async with limit:
                         started = time.monotonic()
-                        call = stub.RunEpisode(
-                            iter([agent_pb2.RunEpisodeRequest(start=start)]), timeout=900
-                        )
-                        result = None
-                        async for message in call:
-                            if message.WhichOneof("kind") == "result":
-                                result = message.result
-                    assert result is not None
+                        results = await agent_client.run_episode(stub, start, timeout=900)
+                    assert results
+                    result = results[-1]
                     reward = f"{result.reward:+.0f}" if result.HasField("reward") else "none"
                     tokens = len(result.trajectory.prompt_ids) + len(result.trajectory.response_ids)
                     rows.append(
@@ -196,11 +198,12 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
                         *(episode(t, urls[0], "gold") for t in tasks),
                         episode(wrong_task, urls[1], "wrong"),
                         episode(tasks[0], urls[2], "garbage", max_turns=4),
+                        episode(tasks[0], urls[3], "tools", config="tools"),
                     )
                 finally:
                     await channel.close()
     finally:
-        for server in (gold, wrong, garbage):
+        for server in servers:
             await server.stop()
     header = f"{'instance':34} {'policy':8} {'status':14} {'reward':>6} {'turns':>5}"
     lines = [header + f" {'tokens':>7} {'time':>7}"]
@@ -213,13 +216,15 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
     gold_ok = resolved == len(tasks)
     wrong_ok = any(row[1] == "wrong" and row[3] == "-1" for row in rows)
     garbage_ok = any(row[1] == "garbage" and row[2] == "LIMIT_TURNS" for row in rows)
+    tools_ok = any(row[1] == "tools" and row[3] == "+1" for row in rows)
     lines.append(
         f"\ngold: {resolved}/{len(tasks)} resolved (+1); wrong fix: "
         f"{'-1 as expected' if wrong_ok else 'NOT -1'}; garbage: "
-        f"{'format errors until LIMIT_TURNS' if garbage_ok else 'unexpected'}"
+        f"{'format errors until LIMIT_TURNS' if garbage_ok else 'unexpected'}; tool calls"
+        f" (config tools): {'resolved (+1)' if tools_ok else 'NOT resolved'}"
     )
     _say("summary", "\n".join(lines))
-    return 0 if gold_ok and wrong_ok and garbage_ok else 1
+    return 0 if gold_ok and wrong_ok and garbage_ok and tools_ok else 1
 
 
 async def run_demo(image: str = DEFAULT_IMAGE) -> int:

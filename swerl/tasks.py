@@ -227,7 +227,7 @@ def load_task_source(
     """The tasks of a tasks directory (load_tasks) or of a rows file.
 
     Rows are read, checked and named exactly as `swerl eval` reads them
-    (swerl.evaluation.dataset.load_instances: parquet, JSON, JSON lines, a saved dataset; test
+    (swerl.data.rows.load_rows_file: parquet, JSON, JSON lines, a saved dataset; test
     lists as JSON text or lists; with or without eval_script; an explicit image_name wins, else
     the image is named by `convention`'s rule). Any row that cannot be graded, or has no gold
     patch, is a TaskFormatError naming the file, the row and the field.
@@ -235,12 +235,12 @@ def load_task_source(
     source = Path(source)
     if source.is_dir() and not (source / "dataset_info.json").exists():
         return load_tasks(source)
-    from swerl.evaluation.dataset import load_instances
+    from swerl.data.rows import load_rows_file
 
     if not source.exists():
         raise TaskFormatError(f"{source}: no such file or directory")
     try:
-        loaded = load_instances(source, convention=convention, registry_prefix=registry_prefix)
+        loaded = load_rows_file(source, convention=convention, registry_prefix=registry_prefix)
     except ValueError as exc:  # an unreadable file: DataSourceError, a line that is not JSON
         raise TaskFormatError(" ".join(str(exc).split())) from None
     if loaded.skipped:

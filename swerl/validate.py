@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from swerl.exec.sweinstance import instance_to_pb
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
-from swerl.sweinstance import instance_to_pb
 from swerl.tasks import TaskInstance, images_missing
 
 RESOLVED = (pb.EVALUATION_STATUS_RESOLVED_FULL, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)

@@ -1,10 +1,21 @@
 """An episode's outcome as slime samples, obeying every invariant slime's trainer relies on.
 
-Whole-trajectory mode gives one sample: the first prompt, then every response (mask 1, the
-policy's logprobs) and observation (mask 0, logprob 0.0). Dynamic-history mode gives one sample
-per turn: the exact prompt the policy saw that turn and that turn's response; all samples of an
-episode share `rollout_id`. Every sample has `tokens == prompt + response`, `len(loss_mask) ==
-len(rollout_log_probs) == response_length >= 1`, a prompt of at least one token, and a reward.
+Whole-trajectory mode gives one sample per chain (services/agent/tokens.py): the chain's first
+prompt, then every response (mask 1, the policy's logprobs) and observation (mask 0, logprob
+0.0). An untrimmed episode is one chain and one sample; after a context trim the episode is a
+list of samples, each exactly what the policy saw and sampled, each with the episode's reward
+(evaluation takes the last chain alone: an eval call must give one sample). Dynamic-history mode
+gives one sample per turn: the exact prompt the policy saw that turn and that turn's response.
+Every sample has `tokens == prompt + response`, `len(loss_mask) == len(rollout_log_probs) ==
+response_length >= 1`, a prompt of at least one token, and a reward.
+
+`Sample.rollout_id` is set only on the samples of a returned list of two or more, all alike: both
+frameworks require siblings to share one (slime observability/rollout_data_utils.py:92-121,
+miles ray/rollout/rollout_data_conversion.py:54-72), and miles treats any batch carrying one as
+compact and then computes no dynamic global batch size (rollout_data_conversion.py:30-41), which
+`--use-dynamic-global-batch-size` and multi-LoRA assert on (train_data_conversion.py:154-155).
+A lone sample leaves it None (slime then assigns a fresh id, ray/rollout.py:647-656). The
+episode's id for swerl's own grouping is always in `metadata["rollout_id"]`.
 
 Status mapping: SUBMITTED and SANDBOX_BROKEN (the policy broke its sandbox, reward -1) →
 COMPLETED; LIMIT_* → TRUNCATED; CANCELLED / ABORTED → ABORTED with reward 0.0 (slime computes no
@@ -16,8 +27,8 @@ group. Infra failures are never scored as wrong answers.
 Replay (replay.py): with top-p replay every sample, placeholders included, carries
 `rollout_top_p_token_ids/offsets` (the records' own, or empty spans); with routing replay every
 sample carries `rollout_routed_experts`, and a trainable record without them stops the run with
-an error naming the flag (a whole trajectory whose context was trimmed has none by nature and
-becomes a placeholder).
+an error naming the flag (every chain's last call routed the whole chain, so a trimmed episode
+has them too).
 """
 
 from __future__ import annotations
@@ -94,8 +105,10 @@ def outcome_to_samples(
     per_turn: bool,
     decode: Decoder | None = None,
     spec: ReplaySpec | None = None,
+    chains: bool = True,
 ) -> Any:
-    """The samples of one episode: a list when `per_turn`, else one sample.
+    """The samples of one episode: a list when `per_turn`, else one sample per chain (a list
+    when there are several; with `chains` False, as evaluation wants, the last chain alone).
 
     `template` is the sample slime passed to generate; it is never modified (every returned
     sample is a clone), so its prompt, label, indices and dataset metadata carry over. Raises
@@ -118,6 +131,9 @@ def outcome_to_samples(
     if per_turn:
         records = list(result.turns)
         turn_indices: list[int | None] = list(range(len(records)))
+    elif result.chains:
+        records = list(result.chains) if chains else [result.chains[-1]]
+        turn_indices = [None] * len(records)
     else:
         records = [result.trajectory] if result.HasField("trajectory") else []
         turn_indices = [None] * len(records)
@@ -148,7 +164,15 @@ def outcome_to_samples(
         sample.metadata[REWARD] = float(reward)
         _set_common(sample, outcome)
         samples.append(sample)
-    return samples if per_turn else samples[0]
+    set_sibling_rollout_ids(samples)
+    return samples if per_turn or len(samples) > 1 else samples[0]
+
+
+def set_sibling_rollout_ids(samples: list[Any]) -> None:
+    """`Sample.rollout_id` as the frameworks' rules ask (see the module docstring): the
+    episode's id on every sample of a list of two or more, None on a lone sample."""
+    for sample in samples:
+        sample.rollout_id = sample.metadata[ROLLOUT_ID] if len(samples) > 1 else None
 
 
 def _trainable(record: agent_pb2.TokenRecord) -> bool:
@@ -201,19 +225,14 @@ def _replay_problem(
         except replay.InvalidReplayRecord as err:
             return ("INVALID_TOKEN_RECORD", str(err))
         if spec.top_p and not record.top_p_token_offsets:
-            return (
-                "NO_TOP_P_TOKENS",
-                "top-p replay is on (--rollout-top-p < 1) but a token record has no top-p sets",
+            raise replay.TopPReplayError(
+                f"--rollout-top-p < 1 but episode {outcome.episode_id} came back without top-p"
+                " sets: the policy engine returns none (stock SGLang; only slime's patched"
+                " SGLang does); use --rollout-top-p 1.0 or slime's SGLang build"
             )
         if not spec.routed_experts:
             continue
         if not record.routed_experts:
-            if not per_turn and any(t.context_trimmed for t in outcome.turns):
-                return (
-                    "ROUTED_EXPERTS_UNAVAILABLE",
-                    "the context was trimmed, so no single policy call routed the whole"
-                    " trajectory; use dynamic history with routing replay",
-                )
             raise replay.RoutingReplayError(
                 f"{replay.ROUTING_REPLAY_FLAG} is on but episode {outcome.episode_id} came back"
                 " without routed experts: the agent must run SGLANG_GENERATE against engines"
@@ -371,9 +390,8 @@ def _episode_metadata(
 
 
 def _set_common(sample: Any, outcome: EpisodeOutcome) -> None:
-    # slime >= 0.3 requires siblings of one generate call to share rollout_id (its loss reducer
-    # then counts the episode once); older releases simply carry the attribute along.
-    sample.rollout_id = sample.metadata[ROLLOUT_ID]
+    # Sample.rollout_id: set_sibling_rollout_ids, once the list is known.
+    sample.rollout_id = None
     metrics = outcome.result.metrics if outcome.result is not None else {}
     if "total_time" in metrics and "model_query_time_sum" in metrics:
         sample.non_generation_time = max(

@@ -39,8 +39,8 @@ from typing import Any
 
 import structlog
 
+from swerl.exec.sweinstance import InstanceError, sample_instance
 from swerl.trainer_plugin import framework
-from swerl.trainer_plugin.instance import InstanceError, sample_instance
 from swerl.trainer_plugin.prefetch import Prefetcher, prefetcher
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 

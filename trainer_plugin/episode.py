@@ -24,10 +24,10 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
 
 import grpc
 
+from swerl.agent.client import EpisodeCall, open_episode
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
 from swerl.chassis.client import CHANNEL_OPTIONS
 from swerl.chassis.interceptors import AUTHORIZATION_METADATA_KEY, REQUEST_ID_METADATA_KEY
@@ -185,26 +185,25 @@ async def _attempt(
     address = directory.pick()
     outcome = EpisodeOutcome(episode_id=start.episode_id, address=address)
     remaining = max(0.0, deadline - time.monotonic())
-    # The gRPC deadline is only a backstop behind the plugin's own deadline and cancel grace.
-    call = directory.stub(address).RunEpisode(
-        metadata=directory.metadata(start.episode_id),
-        timeout=remaining + settings.cancel_grace_s + 5.0,
-    )
     directory.enter(address)
+    episode: EpisodeCall | None = None
     reader: asyncio.Future[None] | None = None
     try:
-        try:
-            await call.write(agent_pb2.RunEpisodeRequest(start=start))
-        except asyncio.InvalidStateError:
-            pass  # the call has already ended; the reader gets its status
-        reader = asyncio.ensure_future(_read(call, outcome, _expected_results(start)))
-        await _watch(call, reader, outcome, settings, should_cancel, deadline)
+        # The gRPC deadline is only a backstop behind the plugin's own deadline and cancel grace.
+        episode = await open_episode(
+            directory.stub(address),
+            start,
+            metadata=directory.metadata(start.episode_id),
+            timeout=remaining + settings.cancel_grace_s + 5.0,
+        )
+        reader = asyncio.ensure_future(_read(episode, outcome))
+        await _watch(episode, reader, outcome, settings, should_cancel, deadline)
         if outcome.result is not None:
             # Half-close: nothing more to say, so a server still reading requests can finish.
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await call.done_writing()
+            await episode.done_writing()
     except asyncio.CancelledError:
-        call.cancel()
+        if episode is not None:
+            episode.abort()
         if reader is not None:
             reader.cancel()
         raise
@@ -229,7 +228,7 @@ async def _attempt(
 
 
 async def _watch(
-    call: grpc.aio.StreamStreamCall[agent_pb2.RunEpisodeRequest, agent_pb2.RunEpisodeResponse],
+    episode: EpisodeCall,
     reader: asyncio.Task[None],
     outcome: EpisodeOutcome,
     settings: PluginSettings,
@@ -248,17 +247,12 @@ async def _watch(
                 continue
             outcome.cancelled_by = why
             cancel_sent_at = now
-            request = agent_pb2.RunEpisodeRequest(
-                cancel=agent_pb2.EpisodeCancel(
-                    reason="rollout aborted" if why == "abort" else "plugin deadline"
-                )
-            )
-            try:
-                await asyncio.wait_for(call.write(request), settings.cancel_grace_s)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
-                pass  # the stream is already ending; the reader reports how
+            reason = "rollout aborted" if why == "abort" else "plugin deadline"
+            with contextlib.suppress(asyncio.TimeoutError):
+                # A stream that is already ending takes no cancel; the reader reports how.
+                await asyncio.wait_for(episode.cancel(reason), settings.cancel_grace_s)
         elif now - cancel_sent_at >= settings.cancel_grace_s:
-            call.cancel()
+            episode.abort()
             reader.cancel()
             if outcome.result is None:
                 reason = CANCEL_UNANSWERED if outcome.cancelled_by == "abort" else CLIENT_DEADLINE
@@ -266,37 +260,12 @@ async def _watch(
             return
 
 
-def _expected_results(start: agent_pb2.EpisodeStart) -> int:
-    """Results the stream ends with: one per branch with EpisodeOptions.branch, else one."""
-    if start.options.HasField("branch") and start.options.branch.count > 0:
-        return start.options.branch.count
-    return 1
-
-
-async def _read(
-    call: grpc.aio.StreamStreamCall[agent_pb2.RunEpisodeRequest, agent_pb2.RunEpisodeResponse],
-    outcome: EpisodeOutcome,
-    expected_results: int = 1,
-) -> None:
-    while True:
-        read = await call.read()
-        if read is grpc.aio.EOF:
-            return
-        # grpc's stubs type a stream read as `object`; the stub's response type is what arrives.
-        message = cast(agent_pb2.RunEpisodeResponse, read)
-        kind = message.WhichOneof("kind")
-        if kind == "started":
-            outcome.started = message.started
-        elif kind == "turn":
-            outcome.turns.append(message.turn)
-        elif kind == "result":
-            outcome.results.append(message.result)
-            # A result without `branch` is the only one (no branching, or a trunk that ended
-            # before the fork); otherwise the stream holds one per branch.
-            if not message.result.HasField("branch") or len(outcome.results) >= expected_results:
-                outcome.result = message.result
-                # The server ends the call right after the last result; nothing else is needed.
-                return
+async def _read(episode: EpisodeCall, outcome: EpisodeOutcome) -> None:
+    # The outcome shares the call's lists, filled as messages arrive; the stream ends after
+    # the last result (the server ends the call right after it).
+    outcome.turns, outcome.results = episode.turns, episode.results
+    async for _ in episode.messages():
+        outcome.started, outcome.result = episode.started, episode.result
 
 
 def _record_rpc_error(outcome: EpisodeOutcome, err: grpc.aio.AioRpcError) -> None:

@@ -17,20 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from google.protobuf import struct_pb2
 
+from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
-from swerl.chassis.timeconv import duration_pb
-from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
+from swerl.exec.sweinstance import InstanceError, sample_instance
+from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
-from swerl.trainer_plugin.instance import InstanceError, sample_instance
 from swerl.trainer_plugin.prefetch import prefetcher
-from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
+from swerl.trainer_plugin.replay import (
+    ROUTING_REPLAY_FLAG,
+    ReplaySpec,
+    RoutingReplayError,
+    TopPReplayError,
+)
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
@@ -44,6 +51,34 @@ _log = structlog.get_logger("swerl.trainer_plugin")
 class PluginConfigError(ValueError):
     """The framework's arguments or the plugin settings cannot describe an episode (a setup
     mistake, refused at the first generate call before any episode runs)."""
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """What one generate call runs under, passed as one: the framework's arguments, whether it
+    is an evaluation, the framework and its state (None: the framework's singleton), and the
+    plugin settings read from the arguments."""
+
+    args: Any
+    evaluation: bool
+    framework_name: str
+    state: Any | None
+    settings: PluginSettings
+
+    @property
+    def per_turn(self) -> bool:
+        """Dynamic history: one sample per turn (never for evaluation)."""
+        return self.settings.dynamic_history and not self.evaluation
+
+    @property
+    def chains(self) -> bool:
+        """Whether a trimmed whole trajectory may come back as a list of chains (never for
+        evaluation, whose counts are per episode; see refusals.lists_allowed)."""
+        return not self.evaluation and refusals.lists_allowed(self.args, self.framework_name)
+
+    def aborted(self) -> bool:
+        """The framework's abort flag (of `state`, or its singleton)."""
+        return framework.abort_requested(self.framework_name, self.state)
 
 
 async def generate(
@@ -96,71 +131,58 @@ async def run_generate(
     group's one branching episode (branching.py)."""
     settings = plugin_settings(args)
     check_rollout_mode(args, settings, framework_name)
+    call = GenerateCall(args, evaluation, framework_name, state, settings)
     size = branch_group_size(args, settings, evaluation)
     if size >= 2:
-        return await _generate_in_group(
-            args, sample, sampling_params, evaluation, framework_name, state, size
-        )
-    return await _generate_alone(args, sample, sampling_params, evaluation, framework_name, state)
+        return await _generate_in_group(call, sample, sampling_params, size)
+    return await _generate_alone(call, sample, sampling_params)
 
 
 async def _generate_alone(
-    args: Any,
-    sample: Any,
-    sampling_params: Mapping[str, Any],
-    evaluation: bool,
-    framework_name: str,
-    state: Any | None,
+    call: GenerateCall, sample: Any, sampling_params: Mapping[str, Any]
 ) -> Any:
     """One unbranched episode for one sample."""
-    settings = plugin_settings(args)
-    per_turn = settings.dynamic_history and not evaluation
     params = copy.deepcopy(dict(sampling_params))
-    spec = ReplaySpec.for_call(args, params, evaluation)
+    spec = ReplaySpec.for_call(call.args, params, call.evaluation)
     episode_id = new_episode_id(sample)
-    outcome = await _run_one_episode(
-        args,
-        sample,
-        params,
-        settings,
-        episode_id=episode_id,
-        per_turn=per_turn,
-        evaluation=evaluation,
-        spec=spec,
-        aborted=lambda: framework.abort_requested(framework_name, state),
-    )
-    decode = _decoder(settings, framework_name, state)
+    outcome = await _run_one_episode(call, sample, params, episode_id=episode_id, spec=spec)
+    decode = _decoder(call.settings, call.framework_name, call.state)
     # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
     return await asyncio.to_thread(
-        convert.outcome_to_samples, sample, outcome, per_turn=per_turn, decode=decode, spec=spec
+        functools.partial(
+            convert.outcome_to_samples,
+            sample,
+            outcome,
+            per_turn=call.per_turn,
+            decode=decode,
+            spec=spec,
+            chains=call.chains,
+        )
     )
 
 
 async def _run_one_episode(
-    args: Any,
+    call: GenerateCall,
     sample: Any,
     params: dict[str, Any],
-    settings: PluginSettings,
     *,
     episode_id: str,
-    per_turn: bool,
-    evaluation: bool,
     spec: ReplaySpec,
-    aborted: Callable[[], bool],
     branch: tuple[int, int] | None = None,
 ) -> EpisodeOutcome:
     """Builds the start message (a row that cannot be one is an INVALID_INSTANCE outcome), adds
     its image to the prefetcher, runs the episode (branching at `branch` = (at_turn, count)
     when given) and checks the outcome against what the trainer asked for."""
+    settings = call.settings
     try:
         start = build_start(
-            args,
+            call.args,
             sample,
             params,
             settings,
             episode_id=episode_id,
-            per_turn=per_turn,
-            evaluation=evaluation,
+            per_turn=call.per_turn,
+            evaluation=call.evaluation,
             spec=spec,
         )
     except InstanceError as err:
@@ -176,10 +198,12 @@ async def _run_one_episode(
         found = prefetcher(settings)
         if found is not None:
             found.add(start.instance.image_name)
-        outcome = await run_episode(start, agent_directory(settings), settings, aborted)
+        outcome = await run_episode(start, agent_directory(settings), settings, call.aborted)
     _log_outcome(outcome)
     if spec.routed_experts:
         check_routing_replay(outcome)
+    if spec.top_p:
+        check_top_p_replay(outcome)
     return outcome
 
 
@@ -194,20 +218,15 @@ def branch_group_size(args: Any, settings: PluginSettings, evaluation: bool) -> 
 
 
 async def _generate_in_group(
-    args: Any,
-    sample: Any,
-    sampling_params: Mapping[str, Any],
-    evaluation: bool,
-    framework_name: str,
-    state: Any | None,
-    size: int,
+    call: GenerateCall, sample: Any, sampling_params: Mapping[str, Any], size: int
 ) -> Any:
     member = branching.Member(sample, copy.deepcopy(dict(sampling_params)))
-    dataset = eval_dataset_name(args, sample) if evaluation else ""
-    key = branching.group_key(args, sample, size, evaluation=evaluation, dataset=dataset)
+    evaluation = call.evaluation
+    dataset = eval_dataset_name(call.args, sample) if evaluation else ""
+    key = branching.group_key(call.args, sample, size, evaluation=evaluation, dataset=dataset)
 
     def run(group: branching.BranchGroup) -> Any:
-        return run_branch_group(group, args, evaluation, framework_name, state)
+        return run_branch_group(group, call)
 
     group = branching.rendezvous().join(key, size, member, run)
     if group is None:
@@ -221,30 +240,18 @@ async def _generate_in_group(
     else:
         answer = await group.wait(member)
     if answer is branching.RUN_ALONE:
-        return await _generate_alone(
-            args, sample, sampling_params, evaluation, framework_name, state
-        )
+        return await _generate_alone(call, sample, sampling_params)
     return answer
 
 
-async def run_branch_group(
-    group: branching.BranchGroup,
-    args: Any,
-    evaluation: bool,
-    framework_name: str,
-    state: Any | None,
-) -> None:
+async def run_branch_group(group: branching.BranchGroup, call: GenerateCall) -> None:
     """The runner of one prompt group: waits for its members, runs their one branching
     episode, and answers every member (a sample or list, RUN_ALONE, or the exception)."""
-    settings = plugin_settings(args)
-
-    def aborted() -> bool:
-        return framework.abort_requested(framework_name, state)
-
+    settings = call.settings
     members: list[branching.Member] = []
     try:
         members, was_aborted = await group.assemble(
-            settings.branch_rendezvous_timeout_s, settings.abort_poll_interval_s, aborted
+            settings.branch_rendezvous_timeout_s, settings.abort_poll_interval_s, call.aborted
         )
         if len(members) < group.size and members and not was_aborted:
             _log.warning(
@@ -257,15 +264,11 @@ async def run_branch_group(
         if not members:
             return
         if was_aborted:
-            answers = await asyncio.to_thread(
-                _aborted_before_start, members, args, settings, evaluation
-            )
+            answers = await asyncio.to_thread(_aborted_before_start, members, call)
         elif len(members) == 1:
             answers = [branching.RUN_ALONE]
         else:
-            answers = await _run_branched(
-                members, args, settings, evaluation, framework_name, state, aborted
-            )
+            answers = await _run_branched(members, call)
         for member, answer in zip(members, answers, strict=True):
             if not member.answer.done():
                 member.answer.set_result(answer)
@@ -279,10 +282,8 @@ async def run_branch_group(
                 member.answer.set_exception(err)
 
 
-def _aborted_before_start(
-    members: list[branching.Member], args: Any, settings: PluginSettings, evaluation: bool
-) -> list[Any]:
-    per_turn = settings.dynamic_history and not evaluation
+def _aborted_before_start(members: list[branching.Member], call: GenerateCall) -> list[Any]:
+    per_turn = call.per_turn
     answers = []
     for member in members:
         outcome = EpisodeOutcome(
@@ -292,28 +293,20 @@ def _aborted_before_start(
             failure_message="the rollout was aborted while the prompt group was gathering",
             cancelled_by="abort",
         )
-        spec = ReplaySpec.for_call(args, member.sampling_params, evaluation)
+        spec = ReplaySpec.for_call(call.args, member.sampling_params, call.evaluation)
         answers.append(
             convert.outcome_to_samples(member.sample, outcome, per_turn=per_turn, spec=spec)
         )
     return answers
 
 
-async def _run_branched(
-    members: list[branching.Member],
-    args: Any,
-    settings: PluginSettings,
-    evaluation: bool,
-    framework_name: str,
-    state: Any | None,
-    aborted: Any,
-) -> list[Any]:
+async def _run_branched(members: list[branching.Member], call: GenerateCall) -> list[Any]:
     """One RunEpisode with EpisodeOptions.branch for the members; their answers in order."""
     leader = members[0]
-    per_turn = settings.dynamic_history and not evaluation
-    spec = ReplaySpec.for_call(args, leader.sampling_params, evaluation)
+    per_turn = call.per_turn
+    spec = ReplaySpec.for_call(call.args, leader.sampling_params, call.evaluation)
     episode_id = new_episode_id(leader.sample)
-    at_turn = settings.branch_at_turn
+    at_turn = call.settings.branch_at_turn
     _log.info(
         "branch.group_started",
         episode_id=episode_id,
@@ -322,19 +315,15 @@ async def _run_branched(
         at_turn=at_turn,
     )
     outcome = await _run_one_episode(
-        args,
+        call,
         leader.sample,
         leader.sampling_params,
-        settings,
         episode_id=episode_id,
-        per_turn=per_turn,
-        evaluation=evaluation,
         spec=spec,
-        aborted=aborted,
         branch=(at_turn, len(members)),
     )
     splits = branching.split_outcome(outcome, len(members))
-    decode = _decoder(settings, framework_name, state)
+    decode = _decoder(call.settings, call.framework_name, call.state)
     branched = any(r.HasField("branch") for r in outcome.results)
 
     def convert_all() -> list[Any]:
@@ -343,9 +332,14 @@ async def _run_branched(
             if isinstance(split, branching.RunAlone):
                 continue
             out = convert.outcome_to_samples(
-                member.sample, split, per_turn=per_turn, decode=decode, spec=spec
+                member.sample,
+                split,
+                per_turn=per_turn,
+                decode=decode,
+                spec=spec,
+                chains=call.chains,
             )
-            lists[i] = out if per_turn else [out]
+            lists[i] = out if isinstance(out, list) else [out]
             branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
         if per_turn and branched:
             order = sorted(lists)
@@ -373,8 +367,12 @@ async def _run_branched(
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
             lists.update(zip(order, shared, strict=True))
+            for samples in shared:
+                convert.set_sibling_rollout_ids(samples)
         return [
-            branching.RUN_ALONE if i not in lists else (lists[i] if per_turn else lists[i][0])
+            branching.RUN_ALONE
+            if i not in lists
+            else (lists[i] if per_turn or len(lists[i]) > 1 else lists[i][0])
             for i in range(len(members))
         ]
 
@@ -389,6 +387,9 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
     also applies no dynamic filter, so infra placeholders reach training there, where they are
     loss-masked (`remove_sample`) and left out of the reward statistics by post_process_rewards.
     """
+    refused = refusals.refusal(args, framework_name, dynamic_history=settings.dynamic_history)
+    if refused is not None:
+        raise PluginConfigError(refused)
     if framework_name == "miles" or not settings.dynamic_history:
         return
     path = str(getattr(args, "rollout_function_path", "") or "")
@@ -397,6 +398,22 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             f"--rollout-function-path {path} (slime's fully-async rollout) cannot take the "
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
+        )
+
+
+def check_top_p_replay(outcome: EpisodeOutcome) -> None:
+    """Stops the run when `--rollout-top-p < 1` meets an engine that returns no top-p sets
+    (stock SGLang; only slime's patched v0.5.15.post1 returns them): the agent ends every such
+    episode INFRA_ERROR, and dropping them would resample forever."""
+    result = outcome.result
+    if (
+        result is not None
+        and result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR
+        and "top_p_token_ids" in result.error_message
+    ):
+        raise TopPReplayError(
+            "--rollout-top-p < 1 but the policy engine returns no top-p sets (stock SGLang; "
+            f"only slime's patched SGLang does): {result.error_reason}; use --rollout-top-p 1.0"
         )
 
 
@@ -561,7 +578,7 @@ def build_start(
     params = struct_pb2.Struct()
     params.update(_jsonable({k: v for k, v in sampling_params.items() if v is not None}))
     context = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
-    return agent_pb2.EpisodeStart(
+    return agent_client.episode_start(
         episode_id=episode_id,
         instance=instance,
         policy=agent_pb2.PolicyConfig(
@@ -571,14 +588,15 @@ def build_start(
             tokenizer_path=tokenizer_path(args, settings),
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
+            lora_path=framework.lora_path(framework.find(settings.framework), args, sample),
         ),
-        limits=agent_pb2.EpisodeLimits(
+        limits=agent_client.episode_limits(
             max_turns=settings.max_turns,
             max_context_tokens=context,
             max_new_tokens=settings.max_new_tokens,
-            wall_timeout=_duration(settings.wall_timeout_s),
-            command_timeout=_duration(settings.command_timeout_s),
-            eval_timeout=_duration(settings.eval_timeout_s),
+            wall_timeout_s=settings.wall_timeout_s,
+            command_timeout_s=settings.command_timeout_s,
+            eval_timeout_s=settings.eval_timeout_s,
         ),
         prm=agent_pb2.PrmConfig(
             enabled=settings.prm_enabled,
@@ -670,10 +688,6 @@ def _decoder(settings: PluginSettings, framework_name: str, state: Any) -> conve
     if tokenizer is None:
         return None
     return lambda ids: tokenizer.decode(ids)
-
-
-def _duration(seconds: float) -> Any:
-    return duration_pb(seconds) if seconds > 0 else None
 
 
 def _jsonable(value: Any) -> Any:

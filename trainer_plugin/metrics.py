@@ -16,6 +16,7 @@ from swerl.trainer_plugin import convert
 
 # Per-episode metric → aggregates, named as in the seed (slime's swe-agent example).
 _SUMMED = ("turns", "tool_calls")  # agent/<k>_mean and agent/<k>_sum
+_TOOL_PREFIXES = ("tool_calls_", "tool_parse_failures", "format_errors")
 _MEAN_SUFFIXED = (  # agent/<k>_mean
     "model_query_time_sum",
     "env_execution_time_sum",
@@ -116,7 +117,12 @@ def agent_metrics(samples: Sequence[Any]) -> dict[str, float]:
         return [float(m[key]) for m in per_episode if key in m]
 
     out: dict[str, float] = {}
-    for key in _SUMMED:
+    # The tool_calls protocol's counts: calls per tool (tool_calls_<tool>), calls that could
+    # not be run as written and format-error replies, summed like tool_calls.
+    tool_keys = sorted(
+        {k for m in per_episode for k in m if k.startswith(_TOOL_PREFIXES) and k != "tool_calls"}
+    )
+    for key in (*_SUMMED, *tool_keys):
         if found := values(key):
             out[f"agent/{key}_mean"] = sum(found) / len(found)
             out[f"agent/{key}_sum"] = sum(found)

@@ -76,6 +76,15 @@ TP_SIZE=${TP_SIZE:-2}                       # tensor parallel size of training
 ENGINE_GPUS=${ENGINE_GPUS:-2}               # GPUs per SGLang engine
 MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-${CONTEXT_LEN}}
 SAVE_INTERVAL=${SAVE_INTERVAL:-20}
+# The agent config (swerl/agent/configs/<name>.yaml): `default` (one bash block per reply) or
+# `tools` (the model's native tool calls). This one variable also sets SGLang's tool-call and
+# reasoning parsers: the names are read from the config, so swerl and SGLang parse alike.
+AGENT_CONFIG=${AGENT_CONFIG:-default}
+read -r TOOL_CALL_PARSER REASONING_PARSER < <(python3 -c 'import sys
+from swerl.agent.config import load_config
+c = load_config(sys.argv[1])
+print(c.tool_call_parser if c.tool_calls else "-", c.reasoning_parser if c.tool_calls else "-")' \
+  "${AGENT_CONFIG}") || { echo "no agent config named ${AGENT_CONFIG}" >&2; exit 2; }
 
 SERVICES=pool,agent
 [[ "${WITH_PRM}" == 1 ]] && SERVICES=pool,prm,agent
@@ -103,6 +112,7 @@ PLUGIN_ENV=(
   "SWERL_PLUGIN_PRM_ENABLED=$([[ ${WITH_PRM} == 1 ]] && echo true || echo false)"
   "SWERL_PLUGIN_ARTIFACT_DIR=${ARTIFACT_DIR}"
   "SWERL_PLUGIN_FRAMEWORK=${FRAMEWORK}"
+  "SWERL_PLUGIN_CONFIG_NAME=${AGENT_CONFIG}"
 )
 
 # The same settings as slime custom-config keys (swerl_*; they win over the env vars). Limits live
@@ -156,6 +166,8 @@ PERF_ARGS=(--tensor-model-parallel-size "${TP_SIZE}" --pipeline-model-parallel-s
   --recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size
   --max-tokens-per-gpu "${MAX_TOKENS_PER_GPU}")
 SGLANG_ARGS=(--rollout-num-gpus-per-engine "${ENGINE_GPUS}" --sglang-mem-fraction-static 0.7)
+[[ "${TOOL_CALL_PARSER}" != - ]] && SGLANG_ARGS+=(--sglang-tool-call-parser "${TOOL_CALL_PARSER}")
+[[ "${REASONING_PARSER}" != - ]] && SGLANG_ARGS+=(--sglang-reasoning-parser "${REASONING_PARSER}")
 MISC_ARGS=(--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32
   --attention-softmax-in-fp32 --attention-backend flash)
 # miles' default rollout hands its abort flag only to generate functions taking `input`.

@@ -1,64 +1,32 @@
-"""`swerl agent serve` (the agent service) and `swerl replay serve` (the replay policy server)."""
+"""`swerl agent serve` (the agent service)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 
-from swerl.chassis.logging import configure_logging
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.chassis.server import serve_main
+from swerl.chassis.settings import add_settings_arguments
 
 
 def _serve(args: argparse.Namespace) -> int:
     from swerl.agent.server import AgentServer
     from swerl.agent.settings import AgentSettings
 
-    settings = settings_from_args(AgentSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
+    built: list[AgentServer] = []
 
-    async def main() -> None:
-        # AgentServer judges PRM-enabled episodes through PrmService itself (PrmJudgeFactory
-        # with --prm-endpoint and --prm-auth-token, default the agent's own token).
-        server = AgentServer(settings)
-        port = await server.start()
-        print(f"swerl agent serving on {settings.host}:{port}", flush=True)
-        await server.serve_until_signal()
+    def build(settings: AgentSettings) -> AgentServer:
+        built.append(AgentServer(settings))
+        return built[-1]
 
-    asyncio.run(main())
-    return 0
+    def banner(settings: AgentSettings, port: int) -> str:
+        line = f"swerl agent serving on {settings.host}:{port}"
+        gateway = built[-1].gateway
+        # One line (launchers wait for it): the model gateway's URL when --gateway-port is set.
+        return line if gateway is None else f"{line}; model gateway on {gateway.url}"
 
-
-def _replay(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
-    from swerl.tasks import default_tasks_dir, load_tasks
-
-    tasks = load_tasks(Path(args.tasks) if args.tasks else default_tasks_dir())
-    scripts = {} if args.garbage else scripts_for_tasks(tasks, args.variant)
-
-    async def main() -> None:
-        server = ReplayPolicyServer(
-            scripts,
-            tokenizer_dir=args.tokenizer,
-            garbage=args.garbage,
-            latency_s=args.latency_s,
-            host=args.host,
-            port=args.port,
-            fault_control=args.fault_control,
-        )
-        url = await server.start()
-        print(f"swerl replay policy serving /generate on {url}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await server.stop()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    return 0
+    # AgentServer judges PRM-enabled episodes through PrmService itself (PrmJudgeFactory with
+    # --prm-endpoint and --prm-auth-token, default the agent's own token).
+    return serve_main(AgentSettings, args, build, banner)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,20 +37,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="serve AgentService")
     add_settings_arguments(serve, AgentSettings)
     serve.set_defaults(handler=_serve)
-
-    replay = subparsers.add_parser("replay", help="replay policy server (SGLang /generate)")
-    replay_commands = replay.add_subparsers(dest="command", required=True)
-    rs = replay_commands.add_parser("serve", help="serve scripted turns for a task set")
-    rs.add_argument("--host", default="127.0.0.1")
-    rs.add_argument("--port", type=int, default=30000)
-    rs.add_argument("--tasks", help="tasks directory (default: the bundled examples)")
-    rs.add_argument("--variant", choices=["gold", "wrong", "destructive"], default="gold")
-    rs.add_argument("--garbage", action="store_true", help="answer random tokens")
-    rs.add_argument("--latency-s", type=float, default=0.0)
-    rs.add_argument("--tokenizer", help="tokenizer directory (default: bundled Qwen3)")
-    rs.add_argument(
-        "--fault-control",
-        action="store_true",
-        help="serve POST /fault {mode: error|hang|none, duration_s} to inject policy faults",
-    )
-    rs.set_defaults(handler=_replay)

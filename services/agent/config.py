@@ -27,6 +27,10 @@ _TEMPLATES = (
     "format_error_template",
     "omission_template",
 )
+# Templates only the `tool_calls` protocol uses: the tool message of a call the agent could not
+# run (`error`), and the user message after a reply that called no tool.
+_TOOL_TEMPLATES = ("tool_error_template", "no_call_template")
+ACTION_PROTOCOLS = ("bash_block", "tool_calls")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,30 @@ class AgentConfig:
     workdir: str
     chat_template_kwargs: dict[str, Any]
     defaults: Defaults
+    # `bash_block` (one ```bash block per reply) or `tool_calls` (the model's native tool calls).
+    action_protocol: str = "bash_block"
+    # tool_calls: the tools' JSON schemas in the chat API's shape, given to the chat template.
+    tools: tuple[dict[str, Any], ...] = ()
+    # tool_calls: SGLang's --tool-call-parser / --reasoning-parser names for the policy model.
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    # tool_calls: a reply whose calls all failed counts as a format error; this many in a row
+    # end the episode FORMAT_ERRORS-limited (0: only the turn limit applies).
+    max_format_errors: int = 0
+    # Earlier turns' reasoning in later prompts: `keep` (as sampled: one token chain) or `drop`
+    # (left out, as Qwen3's template does before the last user message: a new chain each turn
+    # whose reply had reasoning).
+    history_reasoning: str = "keep"
+
+    @property
+    def tool_calls(self) -> bool:
+        return self.action_protocol == "tool_calls"
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The chat template's keyword arguments: the config's, plus the tools to declare."""
+        if not self.tool_calls:
+            return dict(self.chat_template_kwargs)
+        return {**self.chat_template_kwargs, "tools": [dict(tool) for tool in self.tools]}
 
     def render(self, template: str, **values: Any) -> str:
         context = {
@@ -74,9 +102,22 @@ def load_config(name: str = "") -> AgentConfig:
         raise UnknownConfig(f"no agent config named {name!r}", config_name=name)
     raw = yaml.safe_load(path.read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
+    protocol = str(raw.get("action_protocol", "bash_block"))
+    if protocol not in ACTION_PROTOCOLS:
+        raise UnknownConfig(
+            f"agent config {name!r}: action_protocol {protocol!r} is not one of"
+            f" {', '.join(ACTION_PROTOCOLS)}",
+            config_name=name,
+        )
+    tools: tuple[dict[str, Any], ...] = ()
+    if protocol == "tool_calls":
+        tools = _tool_schemas(name, raw.get("tools") or [])
+        _check_parsers(name, str(raw.get("tool_call_parser", "")), raw.get("reasoning_parser"))
+    templates = {key: env.from_string(raw[key]) for key in _TEMPLATES}
+    templates.update({key: env.from_string(raw[key]) for key in _TOOL_TEMPLATES if key in raw})
     return AgentConfig(
         name=name,
-        templates={key: env.from_string(raw[key]) for key in _TEMPLATES},
+        templates=templates,
         max_output_chars=int(raw["max_output_chars"]),
         head_chars=int(raw["head_chars"]),
         tail_chars=int(raw["tail_chars"]),
@@ -85,4 +126,46 @@ def load_config(name: str = "") -> AgentConfig:
         workdir=str(raw.get("workdir", "/testbed")),
         chat_template_kwargs=dict(raw.get("chat_template_kwargs") or {}),
         defaults=Defaults(**raw["defaults"]),
+        action_protocol=protocol,
+        tools=tools,
+        tool_call_parser=str(raw.get("tool_call_parser", "")),
+        reasoning_parser=str(raw.get("reasoning_parser") or ""),
+        max_format_errors=int(raw.get("max_format_errors", 0)),
+        history_reasoning=_history_reasoning(name, raw.get("history_reasoning", "keep")),
     )
+
+
+def _history_reasoning(name: str, value: object) -> str:
+    if value not in ("keep", "drop"):
+        raise UnknownConfig(
+            f"agent config {name!r}: history_reasoning {value!r} is not keep or drop",
+            config_name=name,
+        )
+    return str(value)
+
+
+def _tool_schemas(name: str, names: list[Any]) -> tuple[dict[str, Any], ...]:
+    from swerl.agent.tools import TOOLS
+
+    unknown = [str(tool) for tool in names if tool not in TOOLS]
+    if unknown or not names:
+        raise UnknownConfig(
+            f"agent config {name!r}: tools {unknown or '(none)'} are not among {', '.join(TOOLS)}",
+            config_name=name,
+        )
+    return tuple(TOOLS[str(tool)] for tool in names)
+
+
+def _check_parsers(name: str, tool_call_parser: str, reasoning: object) -> None:
+    from swerl.agent.toolcalls import (
+        UnknownParserError,
+        get_reasoning_parser,
+        get_tool_call_format,
+    )
+
+    try:
+        get_tool_call_format(tool_call_parser)
+        if reasoning:
+            get_reasoning_parser(str(reasoning))
+    except UnknownParserError as err:
+        raise UnknownConfig(f"agent config {name!r}: {err}", config_name=name) from None

@@ -13,6 +13,11 @@ be started again ends the episode SANDBOX_BROKEN (reward -1, the policy's doing)
 policy's previous command ended killed by a signal, INFRA_ERROR otherwise. CPU work (rendering,
 tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
 hundreds of episodes share one event loop.
+
+This module is the loop; the rooms beside it: `swerl.agent.branching` (fork, seeds, running
+the branches), `swerl.agent.grading` (the evaluation and the outcome reward),
+`swerl.agent.step_scoring` (PRM judgments in the background and the shaped rewards) and
+`swerl.agent.spec` (what an episode runs with).
 """
 
 from __future__ import annotations
@@ -20,25 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import signal
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from swerl.agent.config import AgentConfig
+from swerl.agent import branching, grading
 from swerl.agent.errors import EpisodeInfraError
-from swerl.agent.judging import (
-    StepJudge,
-    StepScore,
-    StepScoreState,
-    TurnToJudge,
-    trajectory_reward,
-    turn_reward,
-)
-from swerl.agent.modes import ContextExhausted, Policy
+from swerl.agent.judging import PrmSpec, StepJudge
+from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import PolicyUnavailable
 from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
@@ -47,21 +44,35 @@ from swerl.agent.sandbox import (
     ForkedSandbox,
     SandboxHandle,
     SandboxProvider,
+    guarded,
+    lease_lost,
 )
+from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
+from swerl.agent.step_scoring import StepScoring
 from swerl.agent.tokens import TokenRecordData
+from swerl.agent.toolcalls import CallIds
+from swerl.agent.tools import ToolBox, command_notes, killed_by
+from swerl.agent.toolturn import ToolState, run_tool_turn
 from swerl.agent.v1 import agent_pb2 as pb
-from swerl.agent.wire import episode_status_pb, step_score_pb
+from swerl.agent.wire import episode_status_pb
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
 
+# The episode's inputs, importable from here as before the split.
+__all__ = [
+    "Clock",
+    "Episode",
+    "EpisodeDeps",
+    "EpisodeSpec",
+    "PrmSpec",
+    "SandboxBroken",
+    "killed_by",
+    "sampling_params_of",
+]
+
 T = TypeVar("T")
 _OUTPUT_HEAD_CHARS = 1000
-_RESTARTED_NOTE = (
-    "[The sandbox's processes had all died (a command killed them), so it was started again"
-    " before this command: files are kept; background processes, the shell's variables and"
-    " its working directory are gone.]\n"
-)
 
 
 class SandboxBroken(Exception):
@@ -70,74 +81,6 @@ class SandboxBroken(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-def killed_by(exit_code: int, timed_out: bool) -> int | None:
-    """The signal that ended a command (exit code 128+N by the shell's convention); None for
-    an ordinary exit or a timeout (the node's own kill)."""
-    if timed_out or not 128 < exit_code < 128 + 65:
-        return None
-    return exit_code - 128
-
-
-def _killed_note(signum: int) -> str:
-    try:
-        name = f" ({signal.Signals(signum).name})"
-    except ValueError:
-        name = ""
-    return f"[The command, or the shell running it, was killed by signal {signum}{name}.]\n"
-
-
-@contextlib.asynccontextmanager
-async def _holding(forked: ForkedSandbox) -> AsyncIterator[SandboxHandle]:
-    """A branch's forked sandbox, held like a lease: released at the end whatever happens
-    (shielded, so a cancelled branch still gives it back)."""
-    try:
-        yield forked
-    finally:
-        await asyncio.shield(forked.release())
-
-
-@dataclass(frozen=True)
-class PrmSpec:
-    enabled: bool = False
-    endpoint: str = ""
-    m: int = 0
-    coef: float = 0.0
-    seed: int = 0
-    timeout_s: float = 120.0
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    episode_id: str
-    instance: evaluate_pb2.SweInstance
-    config: AgentConfig
-    api: pb.PolicyApi
-    endpoint: str
-    model: str
-    sampling_params: dict[str, Any]
-    request_timeout_s: float
-    max_turns: int
-    max_context_tokens: int
-    max_new_tokens: int
-    wall_timeout_s: float
-    command_timeout_s: float
-    eval_timeout_s: float
-    dynamic_history: bool = False
-    return_routed_experts: bool = False
-    artifact_dir: str = ""
-    skip_evaluation: bool = False
-    env: dict[str, str] = field(default_factory=dict)
-    owner: str = ""
-    prm: PrmSpec = PrmSpec()
-    # EpisodeOptions.branch: the trunk runs `branch_at` turns, then `branch_count` branches go on.
-    branch_at: int = 0
-    branch_count: int = 0
-
-    @property
-    def branching(self) -> bool:
-        return self.branch_count > 0
 
 
 @dataclass
@@ -177,12 +120,13 @@ class Episode:
         self._deps = deps
         self._provider = deps.provider
         self._emit = emit
-        self._judge = judge
+        self._scoring = StepScoring(spec.prm, judge, spec.instance.problem_statement, emit)
         self.clock = Clock()
         self.status: EpisodeStatus | None = None
         self.error_reason = ""
         self.error_message = ""
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
+        self.tools = ToolState(CallIds(seed=zlib.crc32(spec.episode_id.encode())))
         self.steps: list[dict[str, Any]] = []
         self.turns = 0
         self.tool_calls = 0
@@ -190,21 +134,17 @@ class Episode:
         self.patch = b""
         self.report: evaluate_pb2.EvaluationReport | None = None
         self.reward: float | None = None
-        self.scores: dict[int, StepScore] = {}
-        self._prm_tasks: list[asyncio.Task[None]] = []
         self._work: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
         # The policy's last command ended killed by a signal: a sandbox found dead after it is
         # the policy's doing.
         self._last_killed = False
-        # Branching: a branch's index, seed and forked sandbox (None for a trunk or a plain
-        # episode); a trunk's running branches; the trunk's PRM scores a branch shares.
+        # Branching (swerl.agent.branching): a branch's index, seed and forked sandbox (None
+        # for a trunk or a plain episode); a trunk's running branches and the last result.
         self.branch: int | None = None
         self.sampling_seed = 0
         self._forked: ForkedSandbox | None = None
         self._branches: list[Episode] = []
-        self._trunk_scores: dict[int, StepScore] = {}
-        self._trunk_prm: list[asyncio.Task[None]] = []
         self._last_branch_result: pb.RunEpisodeResponse | None = None
 
     @property
@@ -249,16 +189,11 @@ class Episode:
         except PolicyUnavailable as err:
             self._end(EpisodeStatus.INFRA_ERROR, err.reason, err.message)
         finally:
-            for task in self._prm_tasks:
-                task.cancel()
+            self._scoring.cancel()
         if self._last_branch_result is not None:
             return self._last_branch_result
-        if self._trunk_scores:
-            self.scores = {**self._trunk_scores, **self.scores}
-        if self.status is EpisodeStatus.SANDBOX_BROKEN:
-            self.reward = -1.0  # a failed attempt: the policy broke what it was to fix
-        elif not self.graded or self.report is None:
-            self.reward = None
+        self._scoring.take_trunk_scores()
+        self.reward = grading.outcome_reward(self.status, self.report)
         return await self._result()
 
     def _end(self, status: EpisodeStatus, reason: str = "", message: str = "") -> None:
@@ -268,7 +203,6 @@ class Episode:
     # -- the episode ---------------------------------------------------------------------------
 
     async def _body(self) -> None:
-        spec = self.spec
         forks: list[ForkedSandbox] = []
         try:
             await self._agent_part(forks)
@@ -281,12 +215,9 @@ class Episode:
         if forks:
             await self._run_branches(forks)
             return
-        if self.graded and not spec.skip_evaluation:
+        if self.graded and not self.spec.skip_evaluation:
             await self._evaluate()
-        if self._prm_tasks or self._trunk_prm:
-            # The trunk's judgments are shared by its branches: shielded from this one's end.
-            shared = [asyncio.shield(task) for task in self._trunk_prm]
-            await asyncio.gather(*shared, *self._prm_tasks, return_exceptions=True)
+        await self._scoring.settle()
 
     async def _agent_part(self, forks: list[ForkedSandbox]) -> None:
         """The agent loop in the episode's sandbox, then its patch, or the branches'
@@ -325,8 +256,7 @@ class Episode:
                     with contextlib.suppress(asyncio.CancelledError):
                         await loop
                     if lost in done:
-                        reason, message = sandbox.lost_detail()
-                        raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
+                        raise lease_lost(sandbox)
                     self._end(EpisodeStatus.LIMIT_TIME)
             finally:
                 lost.cancel()
@@ -337,106 +267,21 @@ class Episode:
                 if self.submission is not None:
                     self.patch = self.submission.encode()
                 else:
-                    self.patch = await self._guarded(sandbox, sandbox.diff())
+                    self.patch = await guarded(sandbox, sandbox.diff())
             elif self.status is None and spec.branching:  # the trunk is at the fork
-                forks.extend(await self._fork(sandbox))
+                forks.extend(await branching.fork(self._provider, sandbox, spec))
 
     def _sandbox(self) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
         if self._forked is not None:
-            return _holding(self._forked)
+            return branching.holding(self._forked)
         spec = self.spec
         return self._provider.lease(
             spec.instance.image_name,
-            owner=spec.owner or f"agent/{spec.episode_id}",
+            owner=spec.lease_owner,
             instance_id=spec.instance.instance_id,
             request_id=f"{spec.episode_id}-agent",
             workdir=spec.config.workdir,
         )
-
-    # -- branching -----------------------------------------------------------------------------
-
-    async def _fork(self, sandbox: SandboxHandle) -> list[ForkedSandbox]:
-        """The branches' sandboxes. Shielded: a cancel during the fork still gets the leases
-        back, so they are released rather than left to expire."""
-        spec = self.spec
-        fork = asyncio.ensure_future(
-            self._guarded(
-                sandbox,
-                self._provider.fork(
-                    sandbox,
-                    spec.branch_count,
-                    owner=spec.owner or f"agent/{spec.episode_id}",
-                    request_id=f"{spec.episode_id}-fork",
-                ),
-            )
-        )
-        try:
-            return await asyncio.shield(fork)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                for forked in await fork:
-                    await forked.release()
-            raise
-
-    async def _run_branches(self, forks: list[ForkedSandbox]) -> None:
-        """Runs one branch per forked sandbox to its end; emits each result as it comes and
-        keeps the last for `run` to return."""
-        base = self.spec.sampling_params.get("sampling_seed")
-        if not isinstance(base, int):
-            base = zlib.crc32(self.spec.episode_id.encode())
-        self._branches = [
-            self._branch(index, base + 1 + index, forked) for index, forked in enumerate(forks)
-        ]
-        if self._cancel_reason is not None:  # a cancel that came during the fork
-            for branch in self._branches:
-                branch.cancel(self._cancel_reason)
-        runs = [asyncio.ensure_future(branch.run()) for branch in self._branches]
-        try:
-            for n, finished in enumerate(asyncio.as_completed(runs)):
-                response = await finished
-                if n + 1 < len(runs):
-                    self._emit(response)
-                else:
-                    self._last_branch_result = response
-        finally:
-            for run in runs:  # the whole call went away: every branch releases its sandbox
-                run.cancel()
-            await asyncio.gather(*runs, return_exceptions=True)
-
-    def _branch(self, index: int, seed: int, forked: ForkedSandbox) -> Episode:
-        """A branch with a copy of this trunk's state at the fork."""
-        emit = self._emit
-
-        def tagged(message: pb.RunEpisodeResponse) -> None:
-            kind = message.WhichOneof("kind")
-            if kind == "turn":
-                message.turn.branch = index
-            elif kind == "prm_score":
-                message.prm_score.branch = index
-            elif kind == "evaluation":
-                return  # the report is in the branch's result
-            emit(message)
-
-        branch = Episode(
-            self.spec,
-            policy=self._policy.branch(seed),
-            deps=self._deps,
-            emit=tagged,
-            judge=self._judge,
-        )
-        branch.branch, branch.sampling_seed, branch._forked = index, seed, forked
-        branch.clock.started = self.clock.started
-        branch.clock.model_s, branch.clock.env_s = self.clock.model_s, self.clock.env_s
-        branch.clock.agent_s = self.clock.agent_s
-        branch.messages = [dict(m) for m in self.messages]
-        branch.steps = copy.deepcopy(self.steps)
-        branch.turns, branch.tool_calls = self.turns, self.tool_calls
-        branch._last_killed = self._last_killed
-        # The trunk's turns are judged once: a branch waits for the pending judgments and
-        # reads the trunk's scores (the dict they land in) when it builds its result.
-        branch._trunk_prm = list(self._prm_tasks)
-        branch._trunk_scores = self.scores
-        return branch
 
     async def _first_prompt(self) -> int:
         spec, config = self.spec, self.spec.config
@@ -463,8 +308,11 @@ class Episode:
                 self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", "the policy aborted")
                 return
             self.turns += 1
-            self.messages.append({"role": "assistant", "content": answer.text})
-            turn = await self._act(sandbox, index, answer.text, turns_left)
+            if spec.config.tool_calls:
+                turn = await self._act_tools(sandbox, index, answer, turns_left)
+            else:
+                self.messages.append({"role": "assistant", "content": answer.text})
+                turn = await self._act(sandbox, index, answer.text, turns_left)
             turn.index = index
             turn.prompt_tokens = answer.prompt_tokens
             turn.response_tokens = answer.response_tokens
@@ -477,34 +325,50 @@ class Episode:
                 self._emit(pb.RunEpisodeResponse(turn=turn))
                 self._end(EpisodeStatus.SUBMITTED)
                 return
-            turn.observation_tokens = await self._policy.observe(self.messages[-1]["content"])
+            replies = self.tools.replies or self.messages[-1]["content"]
+            turn.observation_tokens = await self._policy.observe(replies)
             self._emit(pb.RunEpisodeResponse(turn=turn))
+            if self.tools.over_limit(spec.config):
+                self._end(EpisodeStatus.LIMIT_TURNS, *self.tools.limit_detail(spec.config))
+                return
         if stop == spec.max_turns:
             self._end(EpisodeStatus.LIMIT_TURNS)
+
+    # -- one turn's action -----------------------------------------------------------------------
 
     async def _act(
         self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
     ) -> pb.EpisodeTurn:
-        spec, config = self.spec, self.spec.config
+        """Carries out the action in the policy's answer `text` (the bash-block protocol):
+        appends the observation to `messages` and returns the turn (its index and token
+        counts are the loop's to fill)."""
         action = parse_action(text)
         step: dict[str, Any] = {"turn": index, "response": text}
         self.steps.append(step)
         if action.command is None:
             observation = render_format_error(
-                config, n_blocks=action.n_blocks, turns_left=turns_left
+                self.spec.config, n_blocks=action.n_blocks, turns_left=turns_left
             )
             self.messages.append({"role": "user", "content": observation})
             step.update(format_error=True, n_blocks=action.n_blocks)
-            self._schedule_prm(index, text, None, 0, "")
+            self._scoring.judge_turn(index, text, None, 0, "")
             return pb.EpisodeTurn(format_error=True)
+        return await self._command(sandbox, step, action.command, turns_left)
+
+    async def _command(
+        self, sandbox: SandboxHandle, step: dict[str, Any], command: str, turns_left: int
+    ) -> pb.EpisodeTurn:
+        """Runs one command of the policy in its sandbox: the turn, its step record and its
+        observation (or the submission, when the command submitted)."""
+        spec, config = self.spec, self.spec.config
         env = {**config.env, **spec.env}
         started = time.monotonic()
         try:
             result = await sandbox.run(
-                action.command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
+                command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
             )
         except EpisodeInfraError as err:
-            step.update(action=action.command, sandbox_lost=err.message[:500])
+            step.update(action=command, sandbox_lost=err.message[:500])
             if err.reason == SANDBOX_NOT_RUNNING and self._last_killed:
                 raise SandboxBroken(err.message) from err
             raise
@@ -517,7 +381,7 @@ class Episode:
         restarted = bool(getattr(result, "sandbox_restarted", False))
         self._last_killed = signum is not None
         step.update(
-            action=action.command,
+            action=command,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             exec_s=round(exec_s, 4),
@@ -526,7 +390,7 @@ class Episode:
         if restarted:
             step["sandbox_restarted"] = True
         turn = pb.EpisodeTurn(
-            action=action.command,
+            action=command,
             exit_code=result.exit_code,
             timed_out=result.timed_out,
             output_head=output[:_OUTPUT_HEAD_CHARS],
@@ -538,110 +402,106 @@ class Episode:
             self.submission = submitted
             self.messages.append({"role": "user", "content": output})
         else:
-            notes = (_RESTARTED_NOTE if restarted else "") + (
-                _killed_note(signum) if signum is not None else ""
-            )
-            observation = await self._cpu(
-                lambda: render_observation(
-                    config,
-                    exit_code=result.exit_code,
-                    output=notes + output,
-                    timed_out=result.timed_out,
-                    timeout_s=spec.command_timeout_s,
-                    turns_left=turns_left,
-                )
+            observation = await self._render_bash(
+                result.exit_code, output, result.timed_out, restarted, turns_left
             )
             self.messages.append({"role": "user", "content": observation})
-        self._schedule_prm(index, text, action.command, result.exit_code, output)
+        self._scoring.judge_turn(step["turn"], step["response"], command, result.exit_code, output)
         return turn
 
-    async def _guarded(self, sandbox: SandboxHandle, work: Awaitable[T]) -> T:
-        """Awaits `work` unless the lease is lost first (then INFRA_ERROR/LEASE_LOST)."""
-        task = asyncio.ensure_future(work)
-        lost = asyncio.ensure_future(sandbox.lost.wait())
+    async def _act_tools(
+        self, sandbox: SandboxHandle, index: int, answer: PolicyTurn, turns_left: int
+    ) -> pb.EpisodeTurn:
+        """A `tool_calls` turn: the reply's calls run in order, each answered by its own tool
+        message (swerl.agent.toolturn)."""
+        spec, config = self.spec, self.spec.config
+        parsed = self.tools.parse(answer, config)
+        box = ToolBox(
+            sandbox,
+            workdir=config.workdir,
+            env={**config.env, **spec.env},
+            command_timeout_s=spec.command_timeout_s,
+            render_bash=self._render_bash,
+        )
+        box.last_killed = self._last_killed
+        step: dict[str, Any] = {"turn": index, "response": answer.text}
+        self.steps.append(step)
         try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-            if not task.done():
-                task.cancel()
-        if task.done() and not task.cancelled():
-            if sandbox.lost.is_set() and task.exception() is not None:
-                reason, message = sandbox.lost_detail()
-                raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
-            return task.result()
-        reason, message = sandbox.lost_detail()
-        raise EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
+            done = await run_tool_turn(parsed, box, config, turns_left)
+        except EpisodeInfraError as err:
+            step.update(sandbox_lost=err.message[:500])
+            if err.reason == SANDBOX_NOT_RUNNING and box.last_killed:
+                raise SandboxBroken(err.message) from err
+            raise
+        self._last_killed = box.last_killed
+        self.messages += [done.assistant, *done.replies]
+        self.tool_calls += len(done.ran)
+        self.clock.env_s += self.tools.record(done, step)
+        self.submission = done.submission if done.submission is not None else self.submission
+        turn = done.turn_pb(_OUTPUT_HEAD_CHARS)
+        self._scoring.judge_turn(
+            index, answer.text, turn.action or None, turn.exit_code, done.output
+        )
+        return turn
+
+    async def _render_bash(
+        self, code: int, output: str, timed_out: bool, restarted: bool, left: int | None = None
+    ) -> str:
+        """A command's observation, with the notes on a kill or a restarted sandbox."""
+        notes = command_notes(code, timed_out, restarted)
+        spec = self.spec
+        return await self._cpu(
+            lambda: render_observation(
+                spec.config,
+                exit_code=code,
+                output=notes + output,
+                timed_out=timed_out,
+                timeout_s=spec.command_timeout_s,
+                turns_left=left,
+            )
+        )
+
+    # -- after the loop: branches or grading ------------------------------------------------------
+
+    async def _run_branches(self, forks: list[ForkedSandbox]) -> None:
+        """One branch per forked sandbox, each run to its end (swerl.agent.branching); the
+        last result is the one `run` returns."""
+        seeds = branching.seeds(self.spec, len(forks))
+        self._branches = [
+            self._branch(index, seed, forked)
+            for index, (seed, forked) in enumerate(zip(seeds, forks, strict=True))
+        ]
+        if self._cancel_reason is not None:  # a cancel that came during the fork
+            for branch in self._branches:
+                branch.cancel(self._cancel_reason)
+        self._last_branch_result = await branching.run_all(self._branches, self._emit)
+
+    def _branch(self, index: int, seed: int, forked: ForkedSandbox) -> Episode:
+        """A branch with a copy of this trunk's state at the fork."""
+        emit = branching.tagged(self._emit, index)
+        branch = Episode(self.spec, policy=self._policy.branch(seed), deps=self._deps, emit=emit)
+        branch.branch, branch.sampling_seed, branch._forked = index, seed, forked
+        branch.clock.started = self.clock.started
+        branch.clock.model_s, branch.clock.env_s = self.clock.model_s, self.clock.env_s
+        branch.clock.agent_s = self.clock.agent_s
+        branch.messages = [dict(m) for m in self.messages]
+        branch.steps = copy.deepcopy(self.steps)
+        branch.turns, branch.tool_calls = self.turns, self.tool_calls
+        branch.tools = self.tools.copy()
+        branch._last_killed = self._last_killed
+        # The trunk's turns are judged once: a branch shares the trunk's judgments.
+        branch._scoring = self._scoring.for_branch(emit)
+        return branch
 
     async def _evaluate(self) -> None:
-        spec = self.spec
+        """Grades the patch (swerl.agent.grading) and streams the report."""
         started = time.monotonic()
         try:
-            if not self.patch.strip():
-                # Nothing to apply: the grade needs no sandbox (Evaluate would answer the same).
-                self.report = evaluate_pb2.EvaluationReport(
-                    instance_id=spec.instance.instance_id,
-                    status=evaluate_pb2.EVALUATION_STATUS_UNRESOLVED,
-                    error_reason="EMPTY_PATCH",
-                    error_message="the agent changed nothing",
-                )
-            else:
-                async with self._provider.lease(
-                    spec.instance.image_name,
-                    owner=spec.owner or f"agent/{spec.episode_id}",
-                    instance_id=spec.instance.instance_id,
-                    request_id=f"{self.key}-eval",
-                    workdir=None,
-                ) as grader:
-                    self.report = await self._guarded(
-                        grader, grader.evaluate(spec.instance, self.patch, spec.eval_timeout_s)
-                    )
+            self.report = await grading.evaluate(self._provider, self.spec, self.key, self.patch)
         finally:
             self.clock.eval_s = time.monotonic() - started
-        report = self.report
-        assert report is not None
-        self._emit(pb.RunEpisodeResponse(evaluation=report))
-        if report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
-            raise EpisodeInfraError(
-                "EVALUATION_INFRA_ERROR", f"{report.error_reason}: {report.error_message}"
-            )
-        resolved = report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
-        self.reward = 1.0 if resolved else -1.0
-
-    # -- PRM ---------------------------------------------------------------------------------
-
-    def _schedule_prm(
-        self, index: int, response: str, action: str | None, exit_code: int, output: str
-    ) -> None:
-        if not self.spec.prm.enabled:
-            return
-        if action is None:
-            self._score(StepScore(index, StepScoreState.NOT_JUDGED))
-            return
-        if self._judge is None:
-            self._score(StepScore(index, StepScoreState.FAILED))
-            return
-        turn = TurnToJudge(
-            turn_index=index,
-            issue=self.spec.instance.problem_statement,
-            response=response,
-            action=action,
-            exit_code=exit_code,
-            output=output,
-        )
-        self._prm_tasks.append(asyncio.ensure_future(self._judge_turn(self._judge, turn)))
-
-    async def _judge_turn(self, judge: StepJudge, turn: TurnToJudge) -> None:
-        try:
-            judged = await asyncio.wait_for(judge.judge(turn), self.spec.prm.timeout_s)
-        except Exception:  # a judge that fails costs its turn's score, never the episode
-            judged = StepScore(turn.turn_index, StepScoreState.FAILED)
-        # Keyed by the turn it was asked for, whatever the judge wrote: no score changes turns.
-        self._score(StepScore(turn.turn_index, judged.state, judged.score, judged.valid_votes))
-
-    def _score(self, score: StepScore) -> None:
-        self.scores[score.turn_index] = score
-        self._emit(pb.RunEpisodeResponse(prm_score=step_score_pb(score)))
+        self._emit(pb.RunEpisodeResponse(evaluation=self.report))
+        grading.check_report(self.report)
 
     # -- result --------------------------------------------------------------------------------
 
@@ -664,6 +524,8 @@ class Episode:
             m["model_query_time_avg"] = c.model_s / self.turns
         if self.tool_calls:
             m["env_execution_time_avg"] = c.env_s / self.tool_calls
+        if self.spec.config.tool_calls:
+            m.update(self.tools.metrics())
         if total > 0:
             m["model_time_ratio"] = c.model_s / total
             m["env_time_ratio"] = c.env_s / total
@@ -689,26 +551,23 @@ class Episode:
         if reward is not None:
             message.reward = reward
 
-    def _shaped(self, turn_index: int | None) -> float | None:
-        """The reward of the whole trajectory (`turn_index` None) or of one turn, with the
-        PRM's step scores folded in when the episode asked for them."""
-        if self.reward is None:
-            return None
-        prm = self.spec.prm
-        if not prm.enabled or not prm.coef:
-            return self.reward
-        if turn_index is None:
-            return trajectory_reward(self.reward, self.scores.values(), prm.coef)
-        return turn_reward(self.reward, self.scores.get(turn_index), prm.coef)
-
     def _fill_records(self, result: pb.EpisodeResult) -> None:
         """The token records, written into the final message (in the CPU pool: a long
         episode's records hold hundreds of thousands of ids)."""
+        shaped = self._scoring.shaped
         if self.spec.dynamic_history:
             for index, record in enumerate(self._policy.turn_records()):
-                self._fill_record(result.turns.add(), record, self._shaped(index))
+                self._fill_record(result.turns.add(), record, shaped(self.reward, index))
         else:
-            self._fill_record(result.trajectory, self._policy.whole_record(), self._shaped(None))
+            # One record per chain, each with the episode's reward; a lone chain (no trim)
+            # stays in `trajectory`, where readers that predate chains find it.
+            records = self._policy.whole_records()
+            reward = shaped(self.reward, None)
+            if len(records) == 1:
+                self._fill_record(result.trajectory, records[0], reward)
+            else:
+                for record in records:
+                    self._fill_record(result.chains.add(), record, reward)
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
@@ -734,12 +593,7 @@ class Episode:
         if self._policy.recorded_turns:
             async with deps.records_slot or contextlib.nullcontext():
                 await self._cpu(self._fill_records, result)
-        if spec.prm.enabled:
-            result.step_scores.extend(step_score_pb(self.scores[i]) for i in sorted(self.scores))
-            if self.branch is not None:  # its own turns' scores, after the trunk's
-                for score in result.step_scores:
-                    if score.turn_index >= spec.branch_at:
-                        score.branch = self.branch
+        self._scoring.fill(result, self.branch, spec.branch_at)
         result.metrics.update(self.metrics())
         if spec.artifact_dir and deps.write_artifacts is not None:
             with contextlib.suppress(OSError):
@@ -748,15 +602,3 @@ class Episode:
 
     async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._deps.executor, fn, *args)
-
-
-def sampling_params_of(struct: Mapping[str, Any]) -> dict[str, Any]:
-    """Struct numbers are floats; SGLang wants ints for the integer keys."""
-    params = dict(struct)
-    for key in ("top_k", "max_new_tokens", "min_new_tokens", "sampling_seed", "n"):
-        value = params.get(key)
-        if isinstance(value, float) and value.is_integer():
-            params[key] = int(value)
-    if isinstance(params.get("stop_token_ids"), list):
-        params["stop_token_ids"] = [int(x) for x in params["stop_token_ids"]]
-    return params

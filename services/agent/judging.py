@@ -52,6 +52,19 @@ class TurnToJudge:
     output: str
 
 
+@dataclass(frozen=True)
+class PrmSpec:
+    """An episode's PRM settings (EpisodeOptions.prm): whether and where its turns are judged,
+    the votes per turn, the weight of the scores in the rewards, the judgment's seed and limit."""
+
+    enabled: bool = False
+    endpoint: str = ""
+    m: int = 0
+    coef: float = 0.0
+    seed: int = 0
+    timeout_s: float = 120.0
+
+
 class StepJudge(Protocol):
     """Judges the executed turns of one episode (one instance per episode, turns in order)."""
 

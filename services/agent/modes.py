@@ -51,6 +51,9 @@ class PolicyTurn:
     response_tokens: int  # 0 in chat mode
     context_trimmed: bool  # the window left turns out of this prompt
     model_s: float  # preparing the prompt and waiting for the policy
+    # Chat mode with tools: the server's own parsed calls (OpenAI `tool_calls`) and reasoning.
+    tool_calls: tuple[dict[str, Any], ...] | None = None
+    reasoning: str | None = None
 
     @property
     def aborted(self) -> bool:
@@ -64,15 +67,17 @@ class Policy(Protocol):
         """Starts the conversation; returns the first prompt's token count (0 in chat mode)."""
         ...
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         """The policy's next turn given the conversation so far (`messages`, which chat mode
         sends and token mode has already as tokens). An aborted turn is not recorded.
         Raises ContextExhausted when the next prompt cannot fit, PolicyUnavailable when the
         policy server fails."""
         ...
 
-    async def observe(self, observation: str) -> int:
-        """Appends the observation after the last response; returns the tokens it added."""
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
+        """Appends the observation after the last response (a user message's text, or the
+        messages that answer it: the tool protocol's tool messages); returns the tokens it
+        added."""
         ...
 
     @property
@@ -84,8 +89,8 @@ class Policy(Protocol):
         """One record per turn: the exact prompt sent and the response (dynamic history)."""
         ...
 
-    def whole_record(self) -> TokenRecordData:
-        """The whole episode as one record."""
+    def whole_records(self) -> list[TokenRecordData]:
+        """The whole episode as one record per chain (one unless the history was trimmed)."""
         ...
 
     def branch(self, sampling_seed: int) -> Policy:
@@ -115,8 +120,11 @@ class TokenMode:
         omission_text: Callable[[int], str],
         executor: Executor | None = None,
         tokenizer_pool: Executor | None = None,
+        drop_reasoning: bool = False,
     ) -> None:
         self._client = client
+        # Earlier turns' reasoning left out of later prompts (agent config history_reasoning).
+        self._drop_reasoning = drop_reasoning
         self._codec = codec
         self._max_context_tokens = max_context_tokens
         self._max_new_tokens = max_new_tokens
@@ -135,15 +143,19 @@ class TokenMode:
         def marker(n: int) -> list[int]:
             return codec.user_message_ids(self._omission_text(n))
 
+        def without_reasoning(ids: Sequence[int]) -> list[int]:
+            return codec.strip_reasoning(ids)
+
         self._window = ContextWindow(
             self._trajectory.prompt_ids,
             codec.header_ids,
             marker,
             ContextPolicy(self._max_context_tokens),
+            history_ids=without_reasoning if self._drop_reasoning else None,
         )
         return len(prompt_ids)
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         window = self._window
         if window is None:
             raise RuntimeError("respond before open")
@@ -225,8 +237,11 @@ class TokenMode:
             return str(await self._tok("decode", gen.output_ids))
         return gen.text or ""
 
-    async def observe(self, observation: str) -> int:
-        delta = await self._tok("observation_delta", self._last_output, observation)
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
+        if isinstance(observation, str):
+            delta = await self._tok("observation_delta", self._last_output, observation)
+        else:
+            delta = await self._tok("messages_delta", self._last_output, list(observation))
         self._trajectory.set_delta(delta)
         assert self._window is not None
         self._window.append(self._trajectory.units[-1])
@@ -239,8 +254,8 @@ class TokenMode:
     def turn_records(self) -> list[TokenRecordData]:
         return self._trajectory.turn_records
 
-    def whole_record(self) -> TokenRecordData:
-        return self._trajectory.whole_record()
+    def whole_records(self) -> list[TokenRecordData]:
+        return self._trajectory.whole_records()
 
     def branch(self, sampling_seed: int) -> TokenMode:
         twin = TokenMode(
@@ -251,6 +266,7 @@ class TokenMode:
             omission_text=self._omission_text,
             executor=self._executor,
             tokenizer_pool=self._tokenizer_pool,
+            drop_reasoning=self._drop_reasoning,
         )
         # One deepcopy of both, so the copy's window shares the copy's arrays as the original
         # does; the window's marker function (codec and template only) is shared as is.
@@ -276,9 +292,11 @@ class ChatMode:
     async def open(self, system: str, user: str) -> int:
         return 0
 
-    async def respond(self, messages: Sequence[Mapping[str, str]]) -> PolicyTurn:
+    async def respond(self, messages: Sequence[Mapping[str, Any]]) -> PolicyTurn:
         started = time.monotonic()
         gen = await self._client.chat(messages, self._max_new_tokens)
+        calls = gen.meta.get("tool_calls")
+        reasoning = gen.meta.get("reasoning_content")
         return PolicyTurn(
             text=gen.text or "",
             finish_reason=gen.finish_reason,
@@ -286,9 +304,11 @@ class ChatMode:
             response_tokens=len(gen.output_ids),
             context_trimmed=False,
             model_s=time.monotonic() - started,
+            tool_calls=tuple(calls) if isinstance(calls, list) else None,
+            reasoning=reasoning if isinstance(reasoning, str) else None,
         )
 
-    async def observe(self, observation: str) -> int:
+    async def observe(self, observation: str | Sequence[Mapping[str, Any]]) -> int:
         return 0
 
     @property
@@ -298,7 +318,7 @@ class ChatMode:
     def turn_records(self) -> list[TokenRecordData]:
         return []
 
-    def whole_record(self) -> TokenRecordData:
+    def whole_records(self) -> list[TokenRecordData]:
         raise ValueError("a chat-mode episode has no token records")
 
     def branch(self, sampling_seed: int) -> ChatMode:

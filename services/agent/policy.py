@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from swerl.agent.context import ContextExhausted
 from swerl.agent.tokens import token_array
 from swerl.chassis.retry import async_retrying
 
@@ -67,13 +68,22 @@ class TokenPolicy(Protocol):
 
 class ChatPolicy(Protocol):
     async def chat(
-        self, messages: Sequence[Mapping[str, str]], max_new_tokens: int
+        self, messages: Sequence[Mapping[str, Any]], max_new_tokens: int
     ) -> Generation: ...
 
 
 def _connect_failed(exc: BaseException) -> bool:
     # Raised before any byte of the request was accepted: safe to send again.
     return isinstance(exc, aiohttp.ClientConnectorError)
+
+
+def over_context_length(body: bytes) -> bool:
+    """Whether an HTTP 400 body is SGLang refusing a prompt over the engine's context length:
+    `TokenizerManager._validate_one_request` raises "The input (...) is longer than the model's
+    context length (...)" or "Requested token count exceeds the model's maximum context length
+    of ..." (input + reserved >= context_len; max_new + input + reserved > context_len), which
+    `/generate` answers with 400. The episode's own context limit, not an infra failure."""
+    return b"context length" in body.lower()
 
 
 def connect_retrying(attempts: int, max_delay_s: float) -> Any:
@@ -156,6 +166,10 @@ def parse_generate_reply(
         reply = reply[0]
     meta = reply.get("meta_info") or {}
     pairs = meta.get("output_token_logprobs")
+    if pairs is None and _finish_type(meta) == "abort":
+        # An abort may come back without logprob fields (slime sglang_rollout.py:206-210 and
+        # miles generate_endpoint_utils.py:87-91 tolerate it): an aborted turn, not a bad reply.
+        return Generation(output_ids=[], logprobs=[], finish_reason="abort")
     if pairs is None:
         raise PolicyUnavailable(
             "the policy reply has no meta_info.output_token_logprobs (return_logprob ignored?)",
@@ -211,6 +225,7 @@ class SglangPolicy:
         retrying: Any = None,
         headers: Mapping[str, str] | None = None,
         return_routed_experts: bool = False,
+        lora_path: str = "",
     ) -> None:
         self._session = session
         self._url = endpoint.rstrip("/") + "/generate"
@@ -222,6 +237,8 @@ class SglangPolicy:
             routed_experts=return_routed_experts,
         )
         self._extra = ',"return_routed_experts":true' if return_routed_experts else ""
+        if lora_path:  # SGLang samples from the base model when a call names no adapter
+            self._extra += ',"lora_path":' + json.dumps(lora_path)
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._executor = executor
@@ -286,6 +303,11 @@ class SglangPolicy:
                         timeout=self._timeout,
                     ) as response:
                         raw = await response.read()
+                        if response.status == 400 and over_context_length(raw):
+                            raise ContextExhausted(
+                                "the policy engine refused the prompt as longer than its"
+                                f" context length: {raw[:300].decode(errors='replace')}"
+                            )
                         if response.status != 200:
                             raise PolicyUnavailable(
                                 f"policy server answered HTTP {response.status}:"
@@ -293,7 +315,7 @@ class SglangPolicy:
                                 reason="POLICY_ERROR",
                             )
                         return raw
-        except PolicyUnavailable:
+        except (PolicyUnavailable, ContextExhausted):
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise PolicyUnavailable(
@@ -327,8 +349,11 @@ class OpenAIChatPolicy:
         connect_attempts: int = 4,
         connect_max_delay_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         base = endpoint.rstrip("/")
+        # The tool protocol's tools, sent in the chat API's `tools` field on every request.
+        self._tools = [dict(tool) for tool in tools]
         self._url = base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
         self._session = session
         self._model = model
@@ -340,13 +365,15 @@ class OpenAIChatPolicy:
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
 
-    async def chat(self, messages: Sequence[Mapping[str, str]], max_new_tokens: int) -> Generation:
-        payload = {
+    async def chat(self, messages: Sequence[Mapping[str, Any]], max_new_tokens: int) -> Generation:
+        payload: dict[str, Any] = {
             "model": self._model,
-            "messages": list(messages),
+            "messages": [_chat_message(m) for m in messages],
             "max_tokens": max_new_tokens,
             **self._params,
         }
+        if self._tools:
+            payload["tools"] = self._tools
         try:
             async for attempt in async_retrying(
                 max_attempts=self._attempts,
@@ -371,8 +398,26 @@ class OpenAIChatPolicy:
             raise PolicyUnavailable(f"chat server {self._url} unreachable: {err}") from err
         try:
             choice = json.loads(raw)["choices"][0]
-            text = choice["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as err:
+            message = choice["message"]
+            text = message.get("content") or ""
+            calls = message.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                raise TypeError("tool_calls is not a list")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             raise PolicyUnavailable(f"unreadable chat reply: {err}", "POLICY_BAD_REPLY") from err
         finish = str(choice.get("finish_reason") or "stop")
-        return Generation([], [], "length" if finish == "length" else finish, text=text)
+        meta: dict[str, Any] = {}
+        if self._tools:
+            meta["tool_calls"] = [c for c in calls or [] if isinstance(c, Mapping)]
+        if isinstance(message.get("reasoning_content"), str):
+            meta["reasoning_content"] = message["reasoning_content"]
+        return Generation([], [], "length" if finish == "length" else finish, text=text, meta=meta)
+
+
+def _chat_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as the chat API takes it: swerl's own keys (reasoning_content, a tool
+    message's name) are left out."""
+    out = {k: v for k, v in message.items() if k not in ("reasoning_content", "name")}
+    if out.get("role") == "assistant" and out.get("tool_calls") and not out.get("content"):
+        out["content"] = None
+    return out

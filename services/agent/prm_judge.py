@@ -22,8 +22,7 @@ import uuid
 
 import grpc
 
-from swerl.agent.episode import PrmSpec
-from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
+from swerl.agent.judging import PrmSpec, StepScore, StepScoreState, TurnToJudge
 from swerl.chassis.client import make_channel
 from swerl.prm.client import PrmClient
 from swerl.prm.prompt import CurrentStep, HistoryStep, StepToJudge

@@ -135,6 +135,71 @@ def destructive_script() -> list[str]:
     ]
 
 
+# -- the tool_calls protocol: the same scripts as native tool calls ---------------------------
+
+
+def _calls(text: str, *calls: tuple[str, dict[str, Any]], parser: str = "qwen25") -> str:
+    """A reply: the text, then each call the way the model writes it in `parser`'s format."""
+    from swerl.agent.toolcalls import get_tool_call_format
+
+    fmt = get_tool_call_format(parser)
+    return text + "".join("\n" + fmt.render_call(name, args) for name, args in calls)
+
+
+def _tool_patch(patch: str) -> tuple[str, dict[str, Any]]:
+    return (
+        "str_replace_editor",
+        {"command": "create", "path": "/tmp/swerl_fix.patch", "file_text": patch},
+    )
+
+
+def gold_tool_script(patch: str, workdir: str = "/testbed", parser: str = "qwen25") -> list[str]:
+    """The gold script with tool calls: two calls in the first reply, the patch written with
+    the editor (exact bytes), applied with bash, the tests, then `submit`."""
+    return [
+        _calls(
+            "Let me look at the repository first.",
+            ("bash", {"command": "git status --short && ls"}),
+            ("str_replace_editor", {"command": "view", "path": workdir}),
+            parser=parser,
+        ),
+        _calls(
+            "I found the bug; writing the fix as a patch and applying it.",
+            _tool_patch(patch),
+            ("bash", {"command": "git apply /tmp/swerl_fix.patch && git diff --stat"}),
+            parser=parser,
+        ),
+        _calls(
+            "Now run the test suite.",
+            ("bash", {"command": "python3 -m pytest -q 2>&1 | tail -n 5", "timeout": 120}),
+            parser=parser,
+        ),
+        _calls("The change is in place. Submitting.", ("submit", {}), parser=parser),
+    ]
+
+
+def wrong_tool_script(wrong_patch: str | None, parser: str = "qwen25") -> list[str]:
+    """A fix that does not fix, with tool calls."""
+    if wrong_patch:
+        change = _calls(
+            "I think this is the fix.",
+            _tool_patch(wrong_patch),
+            ("bash", {"command": "git apply /tmp/swerl_fix.patch && git diff --stat"}),
+            parser=parser,
+        )
+    else:
+        change = _calls(
+            "I think a note in the README is what is needed.",
+            ("bash", {"command": "echo '# see the issue tracker' >> README.md"}),
+            parser=parser,
+        )
+    return [
+        _calls("Looking around.", ("bash", {"command": "ls"}), parser=parser),
+        change,
+        _calls("Submitting.", ("submit", {}), parser=parser),
+    ]
+
+
 def script_key(problem_statement: str) -> str:
     """How a script finds its prompt: the problem statement's first non-empty line."""
     for line in problem_statement.splitlines():
@@ -143,13 +208,21 @@ def script_key(problem_statement: str) -> str:
     return problem_statement.strip()
 
 
-def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, list[str]]:
+def scripts_for_tasks(
+    tasks: Iterable[Any], variant: str = "gold", *, tool_call_parser: str = ""
+) -> dict[str, list[str]]:
     """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not,
-    `destructive` kills every process of its sandbox and submits nothing."""
+    `destructive` kills every process of its sandbox and submits nothing. With a
+    `tool_call_parser` (the `tool_calls` protocol) gold and wrong act through tool calls
+    written in that parser's format."""
     scripts = {}
     for task in tasks:
         key = script_key(task.instance["problem_statement"])
-        if variant == "gold":
+        if tool_call_parser and variant == "gold":
+            scripts[key] = gold_tool_script(task.gold_patch, parser=tool_call_parser)
+        elif tool_call_parser and variant == "wrong":
+            scripts[key] = wrong_tool_script(task.wrong_patch, parser=tool_call_parser)
+        elif variant == "gold":
             scripts[key] = gold_script(task.gold_patch)
         elif variant == "wrong":
             scripts[key] = wrong_script(task.wrong_patch)
@@ -163,11 +236,13 @@ def scripts_for_tasks(tasks: Iterable[Any], variant: str = "gold") -> dict[str, 
 @dataclass(frozen=True)
 class ReplayCall:
     """One /generate request: its HTTP headers, the script key it matched (None: none) and
-    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy."""
+    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy,
+    and the LoRA adapter it named (`lora_path`; None: the base model)."""
 
     headers: dict[str, str]
     script_key: str | None
     sampling_seed: int | None = None
+    lora_path: str | None = None
 
 
 @dataclass
@@ -196,6 +271,7 @@ class ReplayPolicyServer:
         threads: int = 4,
         keep_requests: bool = False,
         fault_control: bool = False,
+        context_length: int = 0,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
@@ -213,6 +289,9 @@ class ReplayPolicyServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.fault_control = fault_control
+        # The engine's context length (0: unlimited): a longer request is refused with HTTP 400
+        # as SGLang's tokenizer manager does (`_validate_one_request`).
+        self.context_length = context_length
         # The injected fault ("error" or "hang") and the monotonic time its window ends.
         self._fault = ("none", 0.0)
 
@@ -271,6 +350,9 @@ class ReplayPolicyServer:
             # Held until the window ends (bounded by MAX_FAULT_S), then answered as usual: a
             # caller with a shorter request timeout has given up by then.
             await asyncio.sleep(max(0.0, until - time.monotonic()))
+        refused = self._over_context_length(raw)
+        if refused:
+            return web.json_response({"error": {"message": refused}}, status=400)
         loop = asyncio.get_running_loop()
         headers = dict(request.headers)
         reply = await loop.run_in_executor(self._pool, self._answer, raw, headers)
@@ -290,7 +372,11 @@ class ReplayPolicyServer:
         turn += sum(int(n) for n in _OMITTED.findall(text))
         key = None if self.garbage else self._key_for(text)
         seed = params.get("sampling_seed")
-        self.stats.calls.append(ReplayCall(headers or {}, key, None if seed is None else int(seed)))
+        self.stats.calls.append(
+            ReplayCall(
+                headers or {}, key, None if seed is None else int(seed), body.get("lora_path")
+            )
+        )
         script = None if key is None else self.scripts[key]
         finish = "stop"
         if self.abort_on_turn is not None and turn >= self.abort_on_turn:
@@ -331,6 +417,28 @@ class ReplayPolicyServer:
             meta["routed_experts_start_len"] = 0
         out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "meta_info": meta}
         return json.dumps(out).encode()
+
+    def _over_context_length(self, raw: bytes) -> str:
+        """SGLang's refusal of a request over the context length ("" when it fits): the input
+        alone reaching it, or input + max_new_tokens exceeding it (SGLang
+        tokenizer_manager.py `_validate_one_request`, no reserved tokens here)."""
+        if not self.context_length:
+            return ""
+        body = json.loads(raw)
+        n = len(body.get("input_ids") or [])
+        max_new = int((body.get("sampling_params") or {}).get("max_new_tokens") or 0)
+        if n >= self.context_length:
+            return (
+                f"The input ({n} tokens) is longer than the model's context length"
+                f" ({self.context_length} tokens)."
+            )
+        if n + max_new > self.context_length:
+            return (
+                "Requested token count exceeds the model's maximum context length of"
+                f" {self.context_length} tokens. You requested a total of {n + max_new} tokens:"
+                f" {n} tokens from the input messages and {max_new} tokens for the completion."
+            )
+        return ""
 
     def _key_for(self, text: str) -> str | None:
         for key in self.scripts:

@@ -17,7 +17,7 @@ from google.protobuf.json_format import MessageToDict
 
 from swerl.agent.artifacts import write_artifacts
 from swerl.agent.config import load_config
-from swerl.agent.episode import Episode, EpisodeDeps, EpisodeSpec, PrmSpec, sampling_params_of
+from swerl.agent.episode import Episode, EpisodeDeps
 from swerl.agent.errors import (
     AgentAtCapacity,
     EpisodeRunning,
@@ -25,12 +25,13 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
-from swerl.agent.judging import StepJudge
+from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
+from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.gctune import tune_collector
@@ -236,6 +237,7 @@ class EpisodeRunner:
             eval_timeout_s=seconds_of(limits.eval_timeout) or d.eval_timeout_s,
             dynamic_history=opts.dynamic_history,
             return_routed_experts=start.policy.return_routed_experts,
+            lora_path=start.policy.lora_path,
             artifact_dir=opts.artifact_dir,
             skip_evaluation=opts.skip_evaluation,
             env=dict(opts.env),
@@ -260,7 +262,7 @@ class EpisodeRunner:
         header = settings.routing_key_header
         headers = {header: spec.episode_id} if header else {}
         if spec.api == pb.POLICY_API_SGLANG_GENERATE:
-            codec = await self.codec(tokenizer_path, spec.config.chat_template_kwargs)
+            codec = await self.codec(tokenizer_path, spec.config.template_kwargs())
             client = SglangPolicy(
                 self.session(),
                 spec.endpoint,
@@ -270,6 +272,7 @@ class EpisodeRunner:
                 retrying=self._policy_retrying,
                 headers=headers,
                 return_routed_experts=spec.return_routed_experts,
+                lora_path=spec.lora_path,
             )
             config = spec.config
 
@@ -284,6 +287,7 @@ class EpisodeRunner:
                 omission_text=omission_text,
                 executor=self.executor,
                 tokenizer_pool=self.tokenizer_pool,
+                drop_reasoning=config.history_reasoning == "drop",
             )
         key = settings.openai_api_key
         chat = OpenAIChatPolicy(
@@ -296,6 +300,7 @@ class EpisodeRunner:
             connect_attempts=settings.policy_connect_attempts,
             connect_max_delay_s=settings.policy_connect_max_delay_s,
             headers=headers,
+            tools=spec.config.tools if spec.config.tool_calls else (),
         )
         return ChatMode(chat, max_new_tokens=spec.max_new_tokens)
 

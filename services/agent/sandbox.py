@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -23,6 +23,7 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.exec.client import ExecResult
 from swerl.exec.v1 import evaluate_pb2
 from swerl.exec.v1 import sandbox_pb2 as sandbox_pb
+from swerl.pool.client import Lease, PoolClient
 
 
 class SandboxHandle(Protocol):
@@ -34,8 +35,16 @@ class SandboxHandle(Protocol):
     def lost_detail(self) -> tuple[str, str]: ...
 
     async def run(
-        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
-    ) -> ExecResult: ...
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: str,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        """Runs one command; `stdin`: exact bytes for its stdin (None: no stdin)."""
+        ...
 
     async def diff(self) -> bytes: ...
 
@@ -72,6 +81,31 @@ class SandboxProvider(Protocol):
 # The exec node's reason for a sandbox whose container stopped and could not be started again.
 SANDBOX_NOT_RUNNING = "SANDBOX_NOT_RUNNING"
 
+T = TypeVar("T")
+
+
+async def guarded(sandbox: SandboxHandle, work: Awaitable[T]) -> T:
+    """Awaits `work` unless the sandbox's lease is lost first (then INFRA_ERROR/LEASE_LOST)."""
+    task = asyncio.ensure_future(work)
+    lost = asyncio.ensure_future(sandbox.lost.wait())
+    try:
+        await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        lost.cancel()
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        if sandbox.lost.is_set() and task.exception() is not None:
+            raise lease_lost(sandbox)
+        return task.result()
+    raise lease_lost(sandbox)
+
+
+def lease_lost(sandbox: SandboxHandle) -> EpisodeInfraError:
+    """INFRA_ERROR/LEASE_LOST naming why the pool took the sandbox's lease away."""
+    reason, message = sandbox.lost_detail()
+    return EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
+
 
 def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
     reason, _ = error_info(err)
@@ -82,7 +116,7 @@ def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
 
 @dataclass
 class _PoolHandle:
-    lease: object  # swerl.pool.client.Lease
+    lease: Lease
     lease_id: str
     sandbox_id: str
     node_id: str
@@ -90,18 +124,24 @@ class _PoolHandle:
 
     async def release(self) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
-            await self.lease.release()  # type: ignore[attr-defined]
+            await self.lease.release()
 
     def lost_detail(self) -> tuple[str, str]:
         lease = self.lease
-        return (getattr(lease, "lost_reason", None) or "UNSPECIFIED", lease.lost_message)  # type: ignore[attr-defined]
+        return (lease.lost_reason or "UNSPECIFIED", lease.lost_message)
 
     async def run(
-        self, command: str, *, timeout_s: float, env: Mapping[str, str], cwd: str
+        self,
+        command: str,
+        *,
+        timeout_s: float,
+        env: Mapping[str, str],
+        cwd: str,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         try:
-            return await self.lease.sandbox.run(  # type: ignore[attr-defined]
-                self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd
+            return await self.lease.sandbox.run(
+                self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd, stdin=stdin
             )
         except grpc.aio.AioRpcError as err:
             if error_info(err)[0] == SANDBOX_NOT_RUNNING:  # the episode decides whose doing
@@ -111,7 +151,7 @@ class _PoolHandle:
     async def diff(self) -> bytes:
         request = sandbox_pb.GetDiffRequest(sandbox_id=self.sandbox_id, include_untracked=True)
         try:
-            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)  # type: ignore[attr-defined]
+            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "GetDiff") from err
         return bytes(response.patch)
@@ -129,7 +169,7 @@ class _PoolHandle:
         )
         report = None
         try:
-            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)  # type: ignore[attr-defined]
+            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)
             async for response in stream:
                 if response.WhichOneof("kind") == "report":
                     report = response.report
@@ -146,7 +186,7 @@ class _PoolHandle:
 class PoolSandboxProvider:
     """Leases sandboxes from a swerl pool (`swerl.pool.client.PoolClient`)."""
 
-    def __init__(self, pool: object, *, lease_wait_s: float = 600.0) -> None:
+    def __init__(self, pool: PoolClient, *, lease_wait_s: float = 600.0) -> None:
         self._pool = pool
         self._wait_s = lease_wait_s
 
@@ -161,7 +201,7 @@ class PoolSandboxProvider:
         workdir: str | None,
     ) -> AsyncIterator[SandboxHandle]:
         try:
-            context = self._pool.lease(  # type: ignore[attr-defined]
+            context = self._pool.lease(
                 image,
                 owner=owner,
                 instance_id=instance_id,
@@ -194,7 +234,7 @@ class PoolSandboxProvider:
         if lease is None:
             raise EpisodeInfraError("FORK_UNAVAILABLE", "the sandbox was not leased from a pool")
         try:
-            leases = await self._pool.fork_leases(  # type: ignore[attr-defined]
+            leases = await self._pool.fork_leases(
                 lease, count, request_id=request_id, wait_s=self._wait_s, owner=owner
             )
         except grpc.aio.AioRpcError as err:

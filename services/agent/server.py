@@ -2,7 +2,7 @@
 
 In-process, for tests and tools:
 
-    async with local_stack(nodes=1) as stack:                 # swerl.pool.server
+    async with local_stack(nodes=1) as stack:                 # swerl.stack
         async with local_agent(stack.pool_address, stack.token) as agent:
             stub = AgentServiceStub(make_channel(agent.address, token=stack.token))
 """
@@ -13,17 +13,19 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from swerl.agent.gateway.service import Gateway
+from swerl.agent.gateway.wire import SessionRpcs
 from swerl.agent.runner import EpisodeRunner, JudgeFactory
 from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
-from swerl.chassis.server import GrpcServer
+from swerl.chassis.server import GrpcServer, ServiceHost
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
 
-class AgentServer:
+class AgentServer(ServiceHost):
     """One running agent service; `start()` then `serve_until_signal()` or `stop()`."""
 
     def __init__(
@@ -56,35 +58,41 @@ class AgentServer:
                 default_endpoint=settings.prm_endpoint,
             )
         self.runner = EpisodeRunner(settings, provider, judge_factory=judge_factory)
+        self.gateway: Gateway | None = None
+        if settings.gateway_port is not None:
+            # The model gateway shares the runner's CPU pool, HTTP client and codec cache.
+            self.gateway = Gateway(
+                http_session=self.runner.session,
+                codecs=self.runner.codec,
+                executor=self.runner.executor,
+                host=settings.gateway_host or settings.host,
+                port=settings.gateway_port,
+                public_url=settings.gateway_public_url or "",
+                routing_key_header=settings.routing_key_header,
+                max_sessions=settings.gateway_max_sessions,
+            )
         self.server = GrpcServer(settings, name="agent")
         self.server.add_service(
             agent_pb2_grpc.add_AgentServiceServicer_to_server,
-            AgentServicer(self.runner),
+            AgentServicer(self.runner, SessionRpcs(self.gateway, self.runner.executor)),
             [AGENT_SERVICE],
         )
         self.server.add_shutdown_callback(self._shutdown)
         self.port = 0
 
     async def start(self) -> int:
-        self.port = await self.server.start()
-        return self.port
-
-    @property
-    def address(self) -> str:
-        return self.server.address
+        if self.gateway is not None:
+            await self.gateway.start()
+        return await super().start()
 
     async def _shutdown(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
         await self.runner.close()
         if self._prm is not None:
             await self._prm.close()
         if self._pool is not None:
             await self._pool.close()
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.server.stop(grace_s)
-
-    async def serve_until_signal(self) -> None:
-        await self.server.serve_until_signal()
 
 
 @contextlib.asynccontextmanager

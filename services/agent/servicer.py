@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from swerl.agent.board import FinishedEpisodes, list_episodes_response
+from swerl.agent.gateway.wire import SessionRpcs
 from swerl.agent.runner import EpisodeRunner
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, runner: EpisodeRunner) -> None:
+    def __init__(self, runner: EpisodeRunner, sessions: SessionRpcs | None = None) -> None:
         self._runner = runner
         self._finished = FinishedEpisodes()
+        self._sessions = sessions or SessionRpcs(None)
 
     async def RunEpisode(
         self, request_iterator: AsyncIterator[pb.RunEpisodeRequest], context
@@ -27,3 +29,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: pb.ListEpisodesRequest, context
     ) -> pb.ListEpisodesResponse:
         return list_episodes_response(list(self._runner.running.values()), self._finished)
+
+    async def OpenSession(self, request: pb.OpenSessionRequest, context) -> pb.OpenSessionResponse:
+        return await self._sessions.open(request)
+
+    async def GetSession(self, request: pb.GetSessionRequest, context) -> pb.GetSessionResponse:
+        return self._sessions.get(request)
+
+    async def CloseSession(
+        self, request: pb.CloseSessionRequest, context
+    ) -> pb.CloseSessionResponse:
+        return await self._sessions.close(request)

@@ -58,3 +58,18 @@ class AgentSettings(ServiceSettings):
     artifact_root: str | None = Field(
         None, description="when set, artifact_dir of requests must lie below it"
     )
+    # -- model gateway (issue 26) --
+    gateway_port: int | None = Field(
+        None,
+        description="serve the model gateway (OpenAI/Anthropic-compatible HTTP per session) on"
+        " this port; 0 picks a free port; unset serves none",
+    )
+    gateway_host: str | None = Field(
+        None, description="interface of the gateway's HTTP port (default: --host)"
+    )
+    gateway_public_url: str | None = Field(
+        None,
+        description="base URL clients reach the gateway at, put in the sessions' base URLs"
+        " (default: http://<host>:<gateway port>)",
+    )
+    gateway_max_sessions: int = Field(4096, description="open gateway sessions at most")

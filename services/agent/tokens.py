@@ -78,14 +78,55 @@ class ChatCodec:
             raise TemplateMismatch("empty assistant header or end-of-turn")
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
+        # Reasoning markers as single tokens (Qwen3: <think>, </think>), and the tokens made of
+        # newlines only, for `strip_reasoning` (None when the tokenizer has no such tokens).
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.think_ids = (
+            (vocab["<think>"], vocab["</think>"])
+            if "<think>" in vocab and "</think>" in vocab
+            else None
+        )
+        self._newline_ids = {i for n in range(1, 5) for i in self.encode("\n" * n)}
+        # Deltas are measured without the tools when the template writes the messages after an
+        # assistant turn the same either way (Qwen3 declares tools in the system block only):
+        # rendering every tool schema again each turn was most of a tool turn's bookkeeping.
+        self._delta_kwargs = self.template_kwargs
+        if "tools" in self.template_kwargs:
+            plain = {k: v for k, v in self.template_kwargs.items() if k != "tools"}
+            probe = [
+                {"role": "tool", "tool_call_id": "call_probe", "content": "P"},
+                {"role": "user", "content": "Q"},
+            ]
+            if self._after(probe, self.template_kwargs) == self._after(probe, plain):
+                self._delta_kwargs = plain
 
-    def _render(self, messages: Sequence[Mapping[str, str]], *, generation_prompt: bool) -> str:
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        generation_prompt: bool,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         return self.tokenizer.apply_chat_template(
             list(messages),
             tokenize=False,
             add_generation_prompt=generation_prompt,
-            **self.template_kwargs,
+            **(self.template_kwargs if kwargs is None else kwargs),
         )
+
+    def _after(self, messages: Sequence[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> str:
+        """The text the template writes after an assistant message: `messages`, the header."""
+        full = self._render(
+            [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": _SENTINEL},
+                *messages,
+            ],
+            generation_prompt=True,
+            kwargs=kwargs,
+        )
+        return full.split(_SENTINEL, 1)[1]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -106,16 +147,7 @@ class ChatCodec:
 
     def user_message_text(self, text: str) -> str:
         """The text of one user message as the template writes it between two turns."""
-        full = self._render(
-            [
-                {"role": "system", "content": "S"},
-                {"role": "user", "content": "U"},
-                {"role": "assistant", "content": _SENTINEL},
-                {"role": "user", "content": text},
-            ],
-            generation_prompt=True,
-        )
-        after = full.split(_SENTINEL, 1)[1]
+        after = self._after([{"role": "user", "content": text}], self._delta_kwargs)
         if not after.startswith(self.close_text) or not after.endswith(self.header_text):
             raise TemplateMismatch("a user message after an assistant message is not a pure delta")
         return after[len(self.close_text) : len(after) - len(self.header_text)]
@@ -128,6 +160,35 @@ class ChatCodec:
         if response_ids and response_ids[-1] == self.end_of_turn_id:
             ids = ids[1:]
         return ids
+
+    def messages_delta(
+        self, response_ids: Sequence[int], messages: Sequence[Mapping[str, Any]]
+    ) -> list[int]:
+        """Like `observation_delta` for any messages after the response (the tool protocol's
+        tool messages, or its user message when a reply called no tool): end-of-turn, the
+        messages as the template writes them after an assistant turn, the next header."""
+        after = self._after(messages, self._delta_kwargs)
+        if not after.startswith(self.close_text) or not after.endswith(self.header_text):
+            raise TemplateMismatch("messages after an assistant message are not a pure delta")
+        ids = self.encode(after)
+        if response_ids and response_ids[-1] == self.end_of_turn_id:
+            ids = ids[1:]
+        return ids
+
+    def strip_reasoning(self, response_ids: Sequence[int]) -> list[int]:
+        """A response as a template that drops earlier reasoning writes it: without its leading
+        `<think>...</think>` block and the newlines after it (ids cut, nothing re-tokenized)."""
+        ids = list(response_ids)
+        if self.think_ids is None or not ids or ids[0] != self.think_ids[0]:
+            return ids
+        try:
+            end = ids.index(self.think_ids[1])
+        except ValueError:
+            return ids  # reasoning cut off by the token limit: kept as sampled
+        rest = end + 1
+        while rest < len(ids) and ids[rest] in self._newline_ids:
+            rest += 1
+        return ids[rest:]
 
     def user_message_ids(self, text: str) -> list[int]:
         """A standalone user message (the context manager's omission marker), no header."""
@@ -215,7 +276,7 @@ class Trajectory:
     """The whole episode's token stream: the first prompt and one unit per turn.
 
     Appending is O(new tokens) (the sent prompt is kept as the array the context window made
-    for this turn, not copied); `whole_record` and `turn_records` build lists once at the end.
+    for this turn, not copied); `whole_records` and `turn_records` build lists once at the end.
     """
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
@@ -283,12 +344,49 @@ class Trajectory:
             records.append(record)
         return records
 
+    def chain_starts(self) -> list[int]:
+        """The turns that start a chain: turn 0, and every turn whose sent prompt is not
+        exactly the previous turn's sent prompt + its response + the tokens appended after it
+        (the context window trimmed in between, or anything else rewrote the history)."""
+        starts = [0] if self.units else []
+        for k in range(1, len(self.units)):
+            before, unit, sent = self._sent[k - 1], self.units[k - 1], self._sent[k]
+            n, r = len(before), len(unit.response_ids)
+            if (
+                len(sent) != n + len(unit)
+                or sent[:n] != before
+                or sent[n : n + r] != token_array(unit.response_ids)
+                or sent[n + r :] != token_array(unit.delta_ids)
+            ):
+                starts.append(k)
+        return starts
+
+    def whole_records(self) -> list[TokenRecordData]:
+        """The episode as one record per chain (see `chain_starts`): the chain's first sent
+        prompt, then every response (mask 1) and the tokens appended after it (mask 0) up to
+        the chain's last response. Each record is exactly what the policy saw and sampled, so
+        its logprobs are conditional on its own tokens; an untrimmed episode is one record. The
+        trailing observation after a chain's last response is left out: the policy never
+        answered it within that chain."""
+        starts = self.chain_starts()
+        return [
+            self._chain_record(first, end)
+            for first, end in zip(starts, [*starts[1:], len(self.units)], strict=True)
+        ]
+
     def whole_record(self) -> TokenRecordData:
-        """The whole episode: first prompt, then every response and observation. The trailing
-        observation after the last response is left out: the policy never answered it."""
-        record = TokenRecordData(prompt_ids=self.prompt_ids.tolist())
-        last = len(self.units) - 1
-        for index, unit in enumerate(self.units):
+        """The only chain of an untrimmed episode; ValueError when there are several."""
+        records = self.whole_records()
+        if len(records) != 1:
+            raise ValueError(f"the episode is {len(records)} chains, not one record")
+        return records[0]
+
+    def _chain_record(self, first: int, end: int) -> TokenRecordData:
+        """Turns first..end-1 as one record (they are one chain)."""
+        record = TokenRecordData(prompt_ids=self._sent[first].tolist())
+        units = self.units[first:end]
+        last = len(units) - 1
+        for index, unit in enumerate(units):
             record.response_ids += unit.response_ids
             record.loss_mask += [1] * len(unit.response_ids)
             record.logprobs += unit.logprobs
@@ -296,11 +394,12 @@ class Trajectory:
                 record.response_ids += unit.delta_ids
                 record.loss_mask += [0] * len(unit.delta_ids)
                 record.logprobs += [0.0] * len(unit.delta_ids)
-        record.weight_versions = [v for v in self._weight_versions if v]
-        if self.units and all(unit.top_p_offsets is not None for unit in self.units):
-            record.top_p_token_ids, record.top_p_token_offsets = self._whole_top_p()
-        experts = self._experts[-1] if self._experts else None
-        # The last call saw the whole record unless the context window trimmed it.
+        record.weight_versions = [v for v in self._weight_versions[first:end] if v]
+        if all(unit.top_p_offsets is not None for unit in units):
+            record.top_p_token_ids, record.top_p_token_offsets = _chain_top_p(units)
+        experts = self._experts[end - 1]
+        # The chain's last call saw the whole record (prompt + every response but the last
+        # token), so its routed experts cover it.
         if (
             experts is not None
             and experts.rows == len(record.prompt_ids) + len(record.response_ids) - 1
@@ -308,20 +407,21 @@ class Trajectory:
             record.routed_experts, record.experts_per_token = experts.data, experts.width
         return record
 
-    def _whole_top_p(self) -> tuple[list[int], list[int]]:
-        """The top-p sets over the whole record: each response's own, then an empty span per
-        observation token (loss mask 0), as slime pads non-trainable tokens."""
-        ids: list[int] = []
-        offsets = [0]
-        last = len(self.units) - 1
-        for index, unit in enumerate(self.units):
-            assert unit.top_p_ids is not None and unit.top_p_offsets is not None
-            base = len(ids)
-            ids += unit.top_p_ids
-            offsets += [base + o for o in unit.top_p_offsets[1:]]
-            if index < last:
-                offsets += [len(ids)] * len(unit.delta_ids)
-        return ids, offsets
+
+def _chain_top_p(units: Sequence[Unit]) -> tuple[list[int], list[int]]:
+    """The top-p sets over a chain's record: each response's own, then an empty span per
+    appended token (loss mask 0), as slime pads non-trainable tokens."""
+    ids: list[int] = []
+    offsets = [0]
+    last = len(units) - 1
+    for index, unit in enumerate(units):
+        assert unit.top_p_ids is not None and unit.top_p_offsets is not None
+        base = len(ids)
+        ids += unit.top_p_ids
+        offsets += [base + o for o in unit.top_p_offsets[1:]]
+        if index < last:
+            offsets += [len(ids)] * len(unit.delta_ids)
+    return ids, offsets
 
 
 # -- worker processes ---------------------------------------------------------------------------

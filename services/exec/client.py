@@ -127,8 +127,10 @@ class SandboxClient:
         open_stdin: bool = False,
         notify_started: bool = False,
         deadline_s: float | None = None,
+        stdin: bytes | None = None,
     ) -> ExecResult:
-        """Runs one command and gathers its output (the arguments of `start_message`).
+        """Runs one command and gathers its output (the arguments of `start_message`; `stdin`:
+        bytes for its stdin, then end of file).
 
         Commands on one sandbox go over one ExecCommands call, kept open between them (see
         `CommandStream`); a failed command raises the node's `grpc.aio.AioRpcError` as an Exec
@@ -147,6 +149,7 @@ class SandboxClient:
             open_stdin=open_stdin,
             notify_started=notify_started,
             deadline_s=deadline_s,
+            stdin=stdin,
         )
 
     def commands(
@@ -166,6 +169,8 @@ class SandboxClient:
             await stream.aclose()
 
 
+# Stdin bytes per ExecStdin message.
+STDIN_CHUNK_BYTES = 1 << 20
 # A command's result is awaited for its timeout plus this margin before the client gives up.
 COMMAND_DEADLINE_MARGIN_S = 30.0
 # A call is not reused past this age: per-call metadata (a lease's capability token, renewed
@@ -225,10 +230,13 @@ class CommandStream:
         open_stdin: bool = False,
         notify_started: bool = False,
         deadline_s: float | None = None,
+        stdin: bytes | None = None,
     ) -> ExecResult:
         """Runs one command and gathers its output (the arguments of `start_message`). A failed
         command raises the call's `grpc.aio.AioRpcError`; the next run opens a new call. The
-        wait is bounded by `deadline_s` (default: the command timeout plus a margin)."""
+        wait is bounded by `deadline_s` (default: the command timeout plus a margin). `stdin`:
+        bytes the command reads on its stdin, then end of file (exact bytes, no shell quoting;
+        the agent's file editor writes files this way)."""
         request = pb.ExecCommandsRequest(
             start=start_message(
                 self.sandbox_id,
@@ -238,7 +246,7 @@ class CommandStream:
                 timeout_s=timeout_s,
                 max_output_bytes=max_output_bytes,
                 session=session,
-                open_stdin=open_stdin,
+                open_stdin=open_stdin or stdin is not None,
                 notify_started=notify_started,
             )
         )
@@ -271,7 +279,7 @@ class CommandStream:
 
             timer = loop.call_later(deadline_s, expire)
             try:
-                return await self._exchange(call, request)
+                return await self._exchange(call, request, stdin)
             except BaseException as exc:
                 # The call's state is unknown (an error ended it, or we stopped reading
                 # half-way): never reuse it.
@@ -292,10 +300,18 @@ class CommandStream:
 
     @staticmethod
     async def _exchange(
-        call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest
+        call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest, stdin: bytes | None
     ) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
         await call.write(request)
+        if stdin is not None:
+            # In pieces well under gRPC's default 4 MiB message limit; the last closes stdin.
+            pieces = [
+                stdin[i : i + STDIN_CHUNK_BYTES] for i in range(0, len(stdin), STDIN_CHUNK_BYTES)
+            ]
+            for index, piece in enumerate(pieces or [b""]):
+                last = index == max(len(pieces), 1) - 1
+                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last)))
         while True:
             read = await call.read()
             if read is grpc.aio.EOF:

@@ -27,6 +27,16 @@ from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageRe
 
 T = TypeVar("T")
 
+# How Docker words an exec refused because the container is not running: "Container ... is not
+# running" (409, the daemon knows it stopped), or, while its init has ended and the daemon has
+# not recorded the stop yet (it still reports the container running), the runtime's "cannot exec
+# in a stopped state" or "error executing setns process" (the namespaces to enter are gone).
+_NOT_RUNNING = ("is not running", "stopped state", "setns process")
+
+
+class ContainerNotRunning(OSError):
+    """Docker refused an exec because the container is stopped or is stopping right now."""
+
 
 @dataclass(frozen=True)
 class ContainerSpec:
@@ -292,7 +302,9 @@ class DockerBackend:
 
     # -- exec -----------------------------------------------------------------------------
     async def exec_detached(self, container_id: str, argv: list[str]) -> str:
-        """Starts a process in the container without attaching to it; returns the exec id."""
+        """Starts a process in the container without attaching to it; returns the exec id.
+        Raises ContainerNotRunning when Docker refuses because the container is stopped or
+        stopping."""
 
         def start() -> str:
             created = self._api.exec_create(
@@ -301,7 +313,12 @@ class DockerBackend:
             self._api.exec_start(created["Id"], detach=True)
             return str(created["Id"])
 
-        return await self._call(start)
+        try:
+            return await self._call(start)
+        except docker.errors.APIError as exc:
+            if any(sign in str(exc) for sign in _NOT_RUNNING):
+                raise ContainerNotRunning(str(exc.explanation or exc)) from exc
+            raise
 
     async def exec_run(self, container_id: str, argv: list[str]) -> tuple[int, bytes]:
         """A one-off `docker exec` (about 60 ms); for rare control actions like signalling."""

@@ -41,6 +41,7 @@ from swerl.exec.image_ensure import validate_image_reference
 from swerl.exec.output import STDOUT
 from swerl.exec.sandboxes import CreateSpec, SandboxManager
 from swerl.exec.shell import CONTAINER_IO_DIR, CommandSpec, Exit, Output
+from swerl.exec.verdicts import empty_patch
 
 log = structlog.get_logger(__name__)
 
@@ -501,9 +502,9 @@ class Evaluator:
             # -- the candidate patch ---------------------------------------------------------
             yield PhaseEvent("APPLY_PATCH", time.time())
             t = time.monotonic()
-            if not patch.strip():
-                message = "the patch is empty: nothing to evaluate"
-                _stop(report, "UNRESOLVED", "EMPTY_PATCH", message, "APPLY_PATCH")
+            verdict = empty_patch(patch)
+            if verdict is not None:
+                _stop(report, verdict.status, verdict.reason, verdict.message, verdict.phase)
                 return
             (work / "model.patch").write_bytes(patch if patch.endswith(b"\n") else patch + b"\n")
             p = f"{inside}/model.patch"

@@ -8,9 +8,9 @@ from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.exec.capability import require_lease_token
 from swerl.exec.evaluate import Evaluator, LogEvent, PhaseEvent, Report
 from swerl.exec.servicer import NETWORK_TO_PB, OUTPUT_STREAM_TO_PB
+from swerl.exec.sweinstance import instance_from_pb
 from swerl.exec.v1 import evaluate_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2_grpc
-from swerl.sweinstance import instance_from_pb
 
 # Domain values <-> contract enums, spelled out so a rename on either side fails at import
 # (and in tests/evaluate/test_evaluate_enum_tables.py), not in the middle of an evaluation.

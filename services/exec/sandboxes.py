@@ -204,6 +204,8 @@ class SandboxManager:
             if sandbox_id in bindings:  # A spare handed to a lease after its creation.
                 record.lease_id, record.owner, record.instance_id = bindings[sandbox_id]
             self._records[sandbox_id] = record
+            # A command the previous node process left running has no caller any more.
+            record.shell.end_orphan()
             if record.request_id:
                 self._by_request[record.request_id] = sandbox_id
             if row is None:

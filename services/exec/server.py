@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from swerl.chassis.server import GrpcServer
+from swerl.chassis.server import GrpcServer, ServiceHost
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.evaluate import Evaluator
 from swerl.exec.evaluate_servicer import EvaluateServicer
@@ -27,7 +27,7 @@ SANDBOX_SERVICE = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full
 EVALUATE_SERVICE = evaluate_pb2.DESCRIPTOR.services_by_name["EvaluateService"].full_name
 
 
-class ExecNode:
+class ExecNode(ServiceHost):
     """One running exec node; `start()` then `serve_until_signal()` or `stop()`."""
 
     def __init__(self, settings: ExecSettings) -> None:
@@ -81,12 +81,6 @@ class ExecNode:
         self.forks.store.close()
         self.store.close()
         self.backend.close()
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.server.stop(grace_s)
-
-    async def serve_until_signal(self) -> None:
-        await self.server.serve_until_signal()
 
 
 @contextlib.asynccontextmanager

@@ -6,26 +6,21 @@ import argparse
 import asyncio
 import json
 
-from swerl.chassis.logging import configure_logging
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.chassis.server import serve_main
+from swerl.chassis.settings import add_settings_arguments
 
 
 def _serve(args: argparse.Namespace) -> int:
     from swerl.pool.server import PoolServer, tune_garbage_collector
     from swerl.pool.settings import PoolSettings
 
-    settings = settings_from_args(PoolSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
-
-    async def main() -> None:
-        server = PoolServer(settings)
-        port = await server.start()
-        tune_garbage_collector(settings)
-        print(f"swerl pool serving on {settings.host}:{port}", flush=True)
-        await server.serve_until_signal()
-
-    asyncio.run(main())
-    return 0
+    return serve_main(
+        PoolSettings,
+        args,
+        PoolServer,
+        lambda settings, port: f"swerl pool serving on {settings.host}:{port}",
+        started=tune_garbage_collector,
+    )
 
 
 def _operator(args: argparse.Namespace) -> int:

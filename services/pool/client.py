@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -32,8 +32,11 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.exec.client import ExecResult, SandboxClient
 from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2 as exec_pb
+from swerl.pool import placement
+from swerl.pool.model import NodeState
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
+from swerl.pool.wire import NODE_STATE_FROM_PB
 
 log = structlog.get_logger("swerl.pool.client")
 
@@ -594,4 +597,43 @@ class PoolClient:
         return (await self.stub.DrainNode(request, timeout=self.call_timeout_s)).node
 
 
-__all__ = ["Lease", "LeaseLost", "PoolClient", "sandbox_spec"]
+# -- the pool's own rules, for clients that must agree with the pool --------------------------
+# (`swerl images pull --pool --replicas` pre-pulls an image exactly where the pool would.)
+
+
+def node_state(state: pb.NodeState) -> NodeState:
+    """A listed node's state in the pool's own terms. A state this client does not know (a newer
+    pool's) is PENDING, which the pool's placement never counts as healthy."""
+    return NODE_STATE_FROM_PB.get(state, NodeState.PENDING)
+
+
+def image_key(image: str) -> str:
+    """The name the pool hashes an image under (Docker's RepoTags form: no docker.io/ or
+    library/, a tag always)."""
+    return placement.image_key(image)
+
+
+def home_nodes(nodes: Iterable[tuple[str, NodeState]]) -> tuple[str, ...]:
+    """The ids of the nodes the pool homes images on, from (node id, state) pairs: the ones it
+    counts as healthy."""
+    return placement.home_candidates(nodes)
+
+
+def image_homes(
+    images: Iterable[str], home_node_ids: Sequence[str], replicas: int
+) -> dict[str, list[str]]:
+    """image -> the ids of its `replicas` home nodes among `home_node_ids` (`home_nodes`' answer),
+    by the pool's rendezvous hashing, best first."""
+    return placement.homes_by_image(images, home_node_ids, replicas)
+
+
+__all__ = [
+    "Lease",
+    "LeaseLost",
+    "PoolClient",
+    "home_nodes",
+    "image_homes",
+    "image_key",
+    "node_state",
+    "sandbox_spec",
+]

@@ -8,55 +8,28 @@ from collections.abc import AsyncIterator
 
 from swerl.chassis.timeconv import duration_pb, seconds_of, timestamp_pb
 from swerl.pool.forks import ForkLeaseRequest
-from swerl.pool.leases import Pool, Prefetch, PrefetchStatus
+from swerl.pool.leases import Pool, Prefetch
 from swerl.pool.model import AcquireRequest as DomainAcquire
 from swerl.pool.model import (
     Expiry,
     ExpiryBatch,
     Lease,
-    LeaseState,
-    LossReason,
     Lost,
     Node,
-    NodeState,
     Spec,
     Watcher,
 )
 from swerl.pool.pulls import Pull, PullPriority
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
-
-# The domain's enums and the contract's, value for value (a test checks both sides are covered).
-LEASE_STATE_TO_PB: dict[LeaseState, pb.LeaseState] = {
-    LeaseState.PENDING: pb.LEASE_STATE_PENDING,
-    LeaseState.PULLING: pb.LEASE_STATE_PULLING,
-    LeaseState.ACTIVE: pb.LEASE_STATE_ACTIVE,
-    LeaseState.RELEASING: pb.LEASE_STATE_RELEASING,
-    LeaseState.ENDED: pb.LEASE_STATE_ENDED,
-}
-LEASE_STATE_FROM_PB: dict[pb.LeaseState, LeaseState] = {v: k for k, v in LEASE_STATE_TO_PB.items()}
-LOSS_REASON_TO_PB: dict[LossReason, pb.LeaseLossReason] = {
-    LossReason.RELEASED: pb.LEASE_LOSS_REASON_RELEASED,
-    LossReason.EXPIRED: pb.LEASE_LOSS_REASON_EXPIRED,
-    LossReason.NODE_LOST: pb.LEASE_LOSS_REASON_NODE_LOST,
-    LossReason.SANDBOX_LOST: pb.LEASE_LOSS_REASON_SANDBOX_LOST,
-    LossReason.REVOKED: pb.LEASE_LOSS_REASON_REVOKED,
-    LossReason.NOT_FOUND: pb.LEASE_LOSS_REASON_NOT_FOUND,
-}
-NODE_STATE_TO_PB: dict[NodeState, pb.NodeState] = {
-    NodeState.PENDING: pb.NODE_STATE_PENDING,
-    NodeState.HEALTHY: pb.NODE_STATE_HEALTHY,
-    NodeState.UNHEALTHY: pb.NODE_STATE_UNHEALTHY,
-    NodeState.DRAINING: pb.NODE_STATE_DRAINING,
-    NodeState.DRAINED: pb.NODE_STATE_DRAINED,
-}
-NODE_STATE_FROM_PB: dict[pb.NodeState, NodeState] = {v: k for k, v in NODE_STATE_TO_PB.items()}
-PREFETCH_STATUS_TO_PB: dict[PrefetchStatus, pb.PrefetchStatus] = {
-    "STARTED": pb.PREFETCH_STATUS_STARTED,
-    "PRESENT": pb.PREFETCH_STATUS_PRESENT,
-    "FAILED": pb.PREFETCH_STATUS_FAILED,
-    "SKIPPED": pb.PREFETCH_STATUS_SKIPPED,
-}
+from swerl.pool.wire import (
+    LEASE_STATE_FROM_PB,
+    LEASE_STATE_TO_PB,
+    LOSS_REASON_TO_PB,
+    NODE_STATE_FROM_PB,
+    NODE_STATE_TO_PB,
+    PREFETCH_STATUS_TO_PB,
+)
 
 
 def spec_from_pb(spec: pb.SandboxSpec) -> Spec:

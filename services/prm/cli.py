@@ -11,28 +11,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from swerl.chassis.logging import configure_logging
-from swerl.chassis.settings import add_settings_arguments, settings_from_args
+from swerl.chassis.server import serve_main
+from swerl.chassis.settings import add_settings_arguments
 
 
 def _serve(args: argparse.Namespace) -> int:
     from swerl.prm.server import PrmServer
     from swerl.prm.settings import PrmSettings
 
-    settings = settings_from_args(PrmSettings, args)
-    configure_logging(settings.log_format, settings.log_level)
-
-    async def main() -> None:
-        server = PrmServer(settings)
-        port = await server.start()
-        print(
+    return serve_main(
+        PrmSettings,
+        args,
+        PrmServer,
+        lambda settings, port: (
             f"swerl prm serving on {settings.host}:{port} (judge {settings.backend}"
-            f" at {settings.judge_url})",
-            flush=True,
-        )
-        await server.serve_until_signal()
-
-    asyncio.run(main())
-    return 0
+            f" at {settings.judge_url})"
+        ),
+    )
 
 
 def _scripted(args: argparse.Namespace) -> int:

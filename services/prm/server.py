@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swerl.chassis.server import GrpcServer
+from swerl.chassis.server import GrpcServer, ServiceHost
 from swerl.prm.backends import JudgeBackend, OpenAIChatBackend, SamplingConfig, SglangBackend
 from swerl.prm.judge import Judge, JudgeConfig
 from swerl.prm.servicer import PrmServicer
@@ -52,7 +52,7 @@ def judge_config(settings: PrmSettings) -> JudgeConfig:
     )
 
 
-class PrmServer:
+class PrmServer(ServiceHost):
     """One running PRM service; `start()` then `serve_until_signal()` or `stop()`."""
 
     def __init__(self, settings: PrmSettings, backend: JudgeBackend | None = None) -> None:
@@ -64,17 +64,3 @@ class PrmServer:
         )
         self.server.add_shutdown_callback(self.judge.close)
         self.port = 0
-
-    @property
-    def address(self) -> str:
-        return self.server.address
-
-    async def start(self) -> int:
-        self.port = await self.server.start()
-        return self.port
-
-    async def stop(self, grace_s: float | None = None) -> None:
-        await self.server.stop(grace_s)
-
-    async def serve_until_signal(self) -> None:
-        await self.server.serve_until_signal()

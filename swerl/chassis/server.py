@@ -1,5 +1,8 @@
 """`GrpcServer`: the aio gRPC server every swerl service runs, with everything around its servicers.
 
+`ServiceHost` is the face each service's assembly (ExecNode, PoolServer, AgentServer, PrmServer)
+shows around its GrpcServer, and `serve_main` is the one body of every `swerl <service> serve`.
+
 It adds health and reflection, the boundary interceptor (request ids, auth, errors, the `rpc` log
 line, metrics), TLS, a Prometheus endpoint, and the shutdown sequence: health NOT_SERVING, drain
 in-flight calls for a grace period, run shutdown callbacks; on SIGTERM, then exit 0.
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import structlog
@@ -26,8 +29,12 @@ from grpc_reflection.v1alpha import reflection
 from swerl.chassis.client import MAX_MESSAGE_BYTES
 from swerl.chassis.health import OVERALL, HealthServicer
 from swerl.chassis.interceptors import HEALTH_SERVICE, BoundaryInterceptor
+from swerl.chassis.logging import configure_logging
 from swerl.chassis.metrics import start_metrics_server
-from swerl.chassis.settings import ServiceSettings
+from swerl.chassis.settings import ServiceSettings, settings_from_args
+
+if TYPE_CHECKING:
+    import argparse
 
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -48,6 +55,7 @@ _WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1", "[::]":
 _log = structlog.get_logger("swerl.server")
 
 ShutdownCallback = Callable[[], Awaitable[None]]
+SettingsT = TypeVar("SettingsT", bound=ServiceSettings)
 
 
 class GrpcServer:
@@ -253,3 +261,55 @@ class GrpcServer:
 def _host_for_address(host: str) -> str:
     # IPv6 literals need brackets in "host:port".
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+class ServiceHost:
+    """One running service: `start()` then `serve_until_signal()` or `stop()`.
+
+    A service's assembly builds its domain and its GrpcServer (`self.server`) in `__init__`, and
+    overrides `start` when its domain starts before the server or work follows it.
+    """
+
+    server: GrpcServer
+    port: int = 0
+
+    async def start(self) -> int:
+        self.port = await self.server.start()
+        return self.port
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        await self.server.stop(grace_s)
+
+    async def serve_until_signal(self) -> None:
+        await self.server.serve_until_signal()
+
+
+def serve_main(
+    settings_class: type[SettingsT],
+    args: argparse.Namespace,
+    build: Callable[[SettingsT], ServiceHost],
+    banner: Callable[[SettingsT, int], str],
+    *,
+    started: Callable[[SettingsT], None] | None = None,
+) -> int:
+    """The body of `swerl <service> serve`: settings from the command line (and environment),
+    logging, the service built inside the event loop and started, `started` (process-wide tuning
+    once it runs), one banner line on stdout (launchers wait for it), then serving until SIGTERM
+    or SIGINT. Returns the exit status, 0."""
+    settings = settings_from_args(settings_class, args)
+    configure_logging(settings.log_format, settings.log_level)
+
+    async def main() -> None:
+        host = build(settings)
+        port = await host.start()
+        if started is not None:
+            started(settings)
+        print(banner(settings, port), flush=True)
+        await host.serve_until_signal()
+
+    asyncio.run(main())
+    return 0

@@ -31,7 +31,7 @@ async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
         async with local_agent(args.pool, args.token or "") as agent:
             yield agent.address, args.token
         return
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     node_ids: list[str] = []
     try:
@@ -77,8 +77,15 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
     from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 
     garbage = args.replay == "garbage"
+    # A `tool_calls` config gets scripts written as tool calls in its parser's format.
+    parser = ""
+    if args.config_name:
+        from swerl.agent.config import load_config
+
+        config = load_config(args.config_name)
+        parser = config.tool_call_parser if config.tool_calls else ""
     server = ReplayPolicyServer(
-        {} if garbage else scripts_for_tasks(tasks, args.replay),
+        {} if garbage else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser),
         tokenizer_dir=args.tokenizer,
         garbage=garbage,
         latency_s=args.replay_latency,

@@ -8,87 +8,25 @@ and image names as there; rows that cannot be graded are reported and left out.
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from swerl.data.prepare import (
-    RowProblem,
-    data_source_name,
-    load_rows,
-    normalize_row,
-    row_problem_line,
-)
+from swerl.data.rows import EvalInstance, LoadedDataset, load_rows_file
+from swerl.tasks import load_tasks
 
-
-@dataclass(frozen=True)
-class EvalInstance:
-    instance: dict[str, Any]
-    data_source: str
-
-    @property
-    def instance_id(self) -> str:
-        return str(self.instance["instance_id"])
-
-
-@dataclass
-class LoadedDataset:
-    instances: list[EvalInstance]
-    skipped: Counter[str] = field(default_factory=Counter)
-    # The first skipped row, in one line naming its source, row number and problem.
-    first_problem: str = ""
+__all__ = ["EvalInstance", "LoadedDataset", "load_instances", "parse_slice", "select"]
 
 
 def load_instances(
     source: Path, *, convention: str = "auto", registry_prefix: str = "", split: str = "train"
 ) -> LoadedDataset:
     if source.is_dir() and not (source / "dataset_info.json").exists():
-        from swerl.tasks import load_tasks
-
         label = source.name
         return LoadedDataset([EvalInstance(dict(t.instance), label) for t in load_tasks(source)])
-    label = data_source_name(str(source))
-    loaded = LoadedDataset([])
-    seen: set[str] = set()
-    for index, row in enumerate(_rows(source, split)):
-        metadata = row.get("metadata")
-        if isinstance(metadata, dict) and isinstance(metadata.get("instance"), dict):
-            raw, row_label = metadata["instance"], str(metadata.get("data_source") or label)
-        else:
-            raw, row_label = row, label
-        try:
-            instance = normalize_row(
-                raw, convention=convention, data_source=row_label, registry_prefix=registry_prefix
-            )
-            if instance["instance_id"] in seen:
-                raise RowProblem("DUPLICATE_INSTANCE_ID", instance["instance_id"])
-        except RowProblem as problem:
-            loaded.skipped[problem.reason] += 1
-            if not loaded.first_problem:
-                loaded.first_problem = row_problem_line(str(source), index, problem)
-            continue
-        seen.add(instance["instance_id"])
-        loaded.instances.append(EvalInstance(instance, row_label))
-    return loaded
-
-
-def _rows(source: Path, split: str):
-    # JSON lines are read as they are: `datasets` would unify every row to one Arrow schema,
-    # filling the columns a row lacks (instances differ) with nulls.
-    if source.is_file() and source.suffix.lower() == ".jsonl":
-        with source.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{source}:{number}: not JSON: {exc}") from None
-        return
-    yield from load_rows(str(source), split=split)
+    return load_rows_file(
+        source, convention=convention, registry_prefix=registry_prefix, split=split
+    )
 
 
 def select(

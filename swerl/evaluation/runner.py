@@ -18,10 +18,12 @@ from typing import Any, TextIO
 
 import grpc
 
+from swerl.agent import client as agent_client
+from swerl.agent.config import load_config
+from swerl.agent.errors import UnknownConfig
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info
-from swerl.chassis.timeconv import duration_pb
 from swerl.evaluation.dataset import EvalInstance
 from swerl.evaluation.results import ERROR_STATUSES, OutputDir, combine
 from swerl.exec.v1 import evaluate_pb2
@@ -59,16 +61,22 @@ class EvalConfig:
     @property
     def episode_deadline_s(self) -> float:
         # The agent enforces the limits; this deadline only catches an agent that never answers.
-        wall = self.wall_timeout_s or 3600.0
-        evaluation = self.eval_timeout_s or 1800.0
+        # A zero limit is the agent config's default, read from that config (its one owner); a
+        # config this install lacks falls back to the default one (the agent judges the name).
+        try:
+            defaults = load_config(self.config_name).defaults
+        except UnknownConfig:
+            defaults = load_config().defaults
+        wall = self.wall_timeout_s or defaults.wall_timeout_s
+        evaluation = self.eval_timeout_s or defaults.eval_timeout_s
         return wall + evaluation + 600.0
 
 
 def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -> pb.EpisodeStart:
-    from swerl.trainer_plugin.instance import sample_instance
+    from swerl.exec.sweinstance import sample_instance
 
     swe = sample_instance({"instance": instance.instance, "data_source": instance.data_source})
-    start = pb.EpisodeStart(
+    start = agent_client.episode_start(
         episode_id=episode_id,
         instance=swe,
         policy=pb.PolicyConfig(
@@ -77,19 +85,19 @@ def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -
             model=config.model,
             tokenizer_path=config.tokenizer_path,
         ),
-        limits=pb.EpisodeLimits(
+        limits=agent_client.episode_limits(
             max_turns=config.max_turns,
             max_context_tokens=config.max_context_tokens,
             max_new_tokens=config.max_new_tokens,
-            wall_timeout=duration_pb(config.wall_timeout_s),
-            command_timeout=duration_pb(config.command_timeout_s),
-            eval_timeout=duration_pb(config.eval_timeout_s),
+            wall_timeout_s=config.wall_timeout_s,
+            command_timeout_s=config.command_timeout_s,
+            eval_timeout_s=config.eval_timeout_s,
         ),
         options=pb.EpisodeOptions(
             artifact_dir=config.artifact_dir, config_name=config.config_name, owner=config.owner
         ),
+        sampling_params=config.sampling_params,
     )
-    start.policy.sampling_params.update(config.sampling_params)
     if config.branches:
         start.options.branch.at_turn = config.branch_at
         start.options.branch.count = config.branches
@@ -106,35 +114,26 @@ async def run_episode(
     episode_id = f"eval-{safe_id}-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
     record: dict[str, Any] = {"instance_id": instance.instance_id, "episode_id": episode_id}
-    results: list[pb.EpisodeResult] = []
-    requests: asyncio.Queue[pb.RunEpisodeRequest | None] = asyncio.Queue()
-
-    async def request_stream():
-        # Kept open after `start`, so that an interrupted run can still send `cancel`.
-        while (request := await requests.get()) is not None:
-            yield request
-
+    episode: agent_client.EpisodeCall | None = None
     try:
         start = episode_start(instance, config, episode_id)
-        requests.put_nowait(pb.RunEpisodeRequest(start=start))
-        call = stub.RunEpisode(request_stream(), timeout=config.episode_deadline_s)
+        # The stream stays open after `start`, so that an interrupted run can still `cancel`.
+        episode = await agent_client.open_episode(stub, start, timeout=config.episode_deadline_s)
         try:
-            async for message in call:
-                if message.WhichOneof("kind") == "result":
-                    results.append(message.result)
+            await episode.wait()
         except asyncio.CancelledError:
-            await _cancel_episode(call, requests)
+            await _cancel_episode(episode)
             raise
         finally:
-            requests.put_nowait(None)
+            await episode.done_writing()
     except grpc.RpcError as exc:
         reason = error_info(exc)[0] or exc.code().name
         record.update(status="INFRA_ERROR", error_reason=reason, error_message=exc.details())
     except ValueError as exc:  # the instance could not be turned into a request
         record.update(status="INFRA_ERROR", error_reason="BAD_INSTANCE", error_message=str(exc))
-    else:
-        if not results:
-            record.update(status="INFRA_ERROR", error_reason="NO_RESULT", error_message="")
+    results = episode.results if episode is not None else []
+    if "status" not in record and not results:
+        record.update(status="INFRA_ERROR", error_reason="NO_RESULT", error_message="")
     records = []
     for result in sorted(results, key=lambda r: r.branch):
         branch_record = {**record, **_result_fields(result)}
@@ -154,19 +153,14 @@ async def run_episode(
     return records
 
 
-async def _cancel_episode(call: Any, requests: asyncio.Queue) -> None:
+async def _cancel_episode(episode: agent_client.EpisodeCall) -> None:
     """Asks the agent to stop the episode (it kills the command and releases the sandbox) and
     waits a little for its CANCELLED result; a dropped call is the agent's cue as well."""
-    requests.put_nowait(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="swerl eval stopped")))
-
-    async def drain() -> None:
-        async for _ in call:
-            pass
-
+    await episode.cancel("swerl eval stopped")
     try:
-        await asyncio.wait_for(drain(), timeout=CANCEL_GRACE_S)
+        await asyncio.wait_for(episode.wait(), timeout=CANCEL_GRACE_S)
     except (asyncio.TimeoutError, grpc.RpcError):
-        call.cancel()
+        episode.abort()
 
 
 def _result_fields(result: pb.EpisodeResult) -> dict[str, Any]:

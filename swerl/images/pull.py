@@ -2,10 +2,11 @@
 
 The pool pulls a missing image on demand (onto one of the image's home nodes), so pre-pulling is
 optional: it takes the first pulls out of the first batch's way. `--replicas k` pulls each image
-only onto its k home nodes, chosen as the pool chooses them (swerl.pool.placement: rendezvous
-hashing over the nodes the pool's ListNodes reports HEALTHY), so pre-pull and placement agree
-and each node holds about k/N of the dataset; without it every node gets every image (a pool run
-with --no-pull needs that, and it only fits a dataset smaller than a node's disk). Each node gets
+only onto its k home nodes, chosen as the pool chooses them (swerl.pool.client.image_homes:
+rendezvous hashing over the nodes the pool's ListNodes reports HEALTHY), so pre-pull and
+placement agree and each node holds about k/N of the dataset; without it every node gets every
+image (a pool run with --no-pull needs that, and it only fits a dataset smaller than a node's
+disk). Each node gets
 its list in batches over `EnsureImages`, pulls with its own concurrency (optionally from a
 registry mirror, re-tagged to the canonical name), and streams one result per image. Failures
 that a later attempt can cure (registry unreachable, a pull cut short) and a node that drops the
@@ -167,7 +168,7 @@ def read_image_list(path: Path) -> list[str]:
 def canonical_image(name: str) -> str:
     """How Docker lists a reference in RepoTags: no docker.io/ or library/, a tag always (the
     name the pool hashes an image under, too)."""
-    from swerl.pool.placement import image_key
+    from swerl.pool.client import image_key
 
     return image_key(name)
 
@@ -348,8 +349,7 @@ class PoolNode:
 
 async def pool_nodes(pool: str, token: str | None) -> list[PoolNode]:
     """Every node the pool knows, with the state the pool gives it (ListNodes)."""
-    from swerl.pool.client import PoolClient
-    from swerl.pool.servicer import NODE_STATE_FROM_PB
+    from swerl.pool.client import PoolClient, node_state
 
     client = PoolClient(pool, token=token)
     try:
@@ -359,10 +359,7 @@ async def pool_nodes(pool: str, token: str | None) -> list[PoolNode]:
     finally:
         await client.close()
     # A state this client does not know (a newer pool) is not HEALTHY: no image is homed there.
-    return [
-        PoolNode(node.node_id, node.address, NODE_STATE_FROM_PB.get(node.state, NodeState.PENDING))
-        for node in listed
-    ]
+    return [PoolNode(node.node_id, node.address, node_state(node.state)) for node in listed]
 
 
 async def node_addresses(nodes: Sequence[str], pool: str | None, token: str | None) -> list[str]:
@@ -379,16 +376,16 @@ def home_plan(
     images: Sequence[str], nodes: Sequence[PoolNode], replicas: int
 ) -> dict[str, list[str]]:
     """address -> the images whose home set includes that node, for every node images are homed
-    on. The nodes hashed over and the hashing are the pool's own (swerl.pool.placement's
-    `home_candidates` over the pool's node states, then `homes`), so an image is pre-pulled
+    on. The nodes hashed over and the hashing are the pool's own (swerl.pool.client's
+    `home_nodes` over the pool's node states, then `image_homes`), so an image is pre-pulled
     exactly where the pool's placement would pull it: nodes the pool does not count as healthy
     (unhealthy, draining, not yet synced) get nothing, as in the pool."""
-    from swerl.pool.placement import home_candidates, homes_by_image
+    from swerl.pool.client import home_nodes, image_homes
 
-    candidates = home_candidates((node.node_id, node.state) for node in nodes)
+    candidates = home_nodes((node.node_id, node.state) for node in nodes)
     address_of = {node.node_id: node.address for node in nodes}
     plan: dict[str, list[str]] = {address_of[node_id]: [] for node_id in candidates}
-    for image, home_ids in homes_by_image(images, candidates, replicas).items():
+    for image, home_ids in image_homes(images, candidates, replicas).items():
         for node_id in home_ids:
             plan[address_of[node_id]].append(image)
     return plan

@@ -81,7 +81,7 @@ def _prm_mean(scores: list[dict[str, Any]]) -> float | None:
 def _token_count(tokens: dict[str, Any] | None) -> int:
     if not tokens:
         return 0
-    record = tokens.get("trajectory")
+    record = tokens.get("trajectory") or (tokens.get("chains") or [None])[-1]
     if record:
         return len(record["prompt_ids"]) + len(record["response_ids"])
     turns = tokens.get("turns") or []
@@ -179,7 +179,7 @@ class Run:
         messages = traj.get("messages") or []
         steps = traj.get("steps") or []
         scores = {int(s.get("turnIndex", 0)): s for s in meta.get("step_scores") or []}
-        observations = [m for m in messages[2:] if m.get("role") == "user"]
+        observations = _observations(messages[2:])
         turns = []
         for i, step in enumerate(steps):
             turn = int(step.get("turn", i))
@@ -194,8 +194,9 @@ class Run:
                     "timed_out": False,
                     "format_error": False,
                     **step,
+                    **_tool_action(step),
                     "turn": turn,
-                    "output": observations[i]["content"] if i < len(observations) else "",
+                    "output": observations[i] if i < len(observations) else "",
                     "score": scores.get(turn),
                 }
             )
@@ -224,6 +225,39 @@ class Run:
             return None
         data = _read_json(summary.artifact_dir / "tokens.json")
         return data if isinstance(data, dict) else None
+
+
+def _observations(messages: list[dict[str, Any]]) -> list[str]:
+    """What answered each reply: a user message (bash blocks), or the tool messages of the
+    `tool_calls` protocol, one section per call."""
+    out: list[str] = []
+    current: list[str] | None = None
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            current = []
+            out.append("")
+            continue
+        if current is None:
+            continue
+        if role == "tool":
+            current.append(f"[{message.get('name', 'tool')} {message.get('tool_call_id', '')}]")
+        current.append(str(message.get("content") or ""))
+        out[-1] = "\n".join(current)
+    return out
+
+
+def _tool_action(step: dict[str, Any]) -> dict[str, Any]:
+    """A tool-call step's calls as its action, one per line (the bash protocol has `action`)."""
+    calls = step.get("tool_calls")
+    if not isinstance(calls, list) or step.get("action"):
+        return {}
+    lines = [f"{c.get('name', '')}: {c.get('command') or ''}".rstrip(": ") for c in calls]
+    exits = [c.get("exit_code") for c in calls if c.get("exit_code") is not None]
+    fields: dict[str, Any] = {"action": "\n".join(lines)}
+    if exits:
+        fields["exit_code"] = exits[-1]
+    return fields
 
 
 def _sort_key(name: str) -> Callable[[EpisodeSummary], Any]:

@@ -15,7 +15,7 @@ from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
-from swerl.pool.server import LocalStack, local_stack
+from swerl.stack import LocalStack, local_stack
 from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
 

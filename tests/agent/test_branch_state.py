@@ -40,7 +40,7 @@ async def test_a_branch_copies_the_token_state_and_samples_with_its_own_seed() -
             for observation in ("a.py\nsetup.py", "from setuptools import setup"):
                 await trunk.respond([])
                 await trunk.observe(observation)
-            before = trunk.whole_record()
+            [before] = trunk.whole_records()
             branches = [trunk.branch(seed) for seed in (11, 12)]
             for branch in branches:
                 turn = await branch.respond([])
@@ -51,11 +51,11 @@ async def test_a_branch_copies_the_token_state_and_samples_with_its_own_seed() -
     assert params == {"temperature": 1.0}  # the episode's parameters are not touched
     assert [c.sampling_seed for c in replay.stats.calls] == [None, None, 11, 12]
     # The trunk is as it was at the fork; each branch is the trunk's record and one more turn.
-    assert trunk.recorded_turns == 2 and trunk.whole_record() == before
+    assert trunk.recorded_turns == 2 and trunk.whole_records() == [before]
     for branch in branches:
         assert branch.recorded_turns == 3
         assert branch.turn_records()[:2] == trunk.turn_records()
-        whole = branch.whole_record()
+        [whole] = branch.whole_records()
         assert whole.prompt_ids == before.prompt_ids
         n = len(before.response_ids)
         assert whole.response_ids[:n] == before.response_ids

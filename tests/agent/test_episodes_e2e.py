@@ -156,6 +156,50 @@ async def test_dynamic_history_records_are_the_exact_ids_sent_even_when_trimmed(
     assert sandboxes_left() == []
 
 
+async def test_a_trimmed_whole_trajectory_is_one_record_per_chain_of_what_was_sent() -> None:
+    task = bundled_tasks()[0]
+    key = next(iter(scripts_for_tasks([task])))
+    looks = [f"Looking.\n\n```bash\nseq {i} {i + 150}\n```" for i in range(12)]
+    replay = ReplayPolicyServer({key: looks}, keep_requests=True)
+    url = await replay.start()
+    start = start_for(task, url, "chains", max_turns=12)
+    start.limits.max_context_tokens = 4096
+    start.limits.max_new_tokens = 512
+    try:
+        async with agent_stack() as env:
+            messages = await run_to_result(env.stub, start)
+    finally:
+        await replay.stop()
+    result = result_of(messages)
+    trims = [m.turn.context_trimmed for m in messages if m.WhichOneof("kind") == "turn"]
+    assert result.status == pb.EPISODE_STATUS_LIMIT_TURNS and any(trims)
+    assert not result.HasField("trajectory") and len(result.chains) == 1 + sum(trims)
+    seen = replay.stats.requests_seen
+    turn = 0
+    for chain in result.chains:
+        check_record(chain, replay)
+        assert chain.reward == result.reward
+        # The chain starts with a prompt the policy was sent, and every token after it is the
+        # next response (mask 1) or what the agent appended before the next call (mask 0).
+        assert list(chain.prompt_ids) == seen[turn][0]
+        tokens = list(chain.prompt_ids) + list(chain.response_ids)
+        mask = [0] * len(chain.prompt_ids) + list(chain.loss_mask)
+        first = turn
+        while turn < len(seen) and tokens[: len(seen[turn][0])] == seen[turn][0]:
+            sent, answered = seen[turn]
+            if len(sent) >= len(tokens):
+                break
+            assert tokens[len(sent) : len(sent) + len(answered)] == answered
+            assert mask[len(sent) : len(sent) + len(answered)] == [1] * len(answered)
+            turn += 1
+        assert turn > first
+        assert len(tokens) == len(seen[turn - 1][0]) + len(seen[turn - 1][1])
+        assert sum(mask) == sum(len(seen[k][1]) for k in range(first, turn))
+        assert len(tokens) <= 4096, "a chain never outgrows the context budget"
+    assert turn == len(seen) == 12
+    assert sandboxes_left() == []
+
+
 class _FakeJudge:
     """A StepJudge behind the agent's Protocol: score = 0.1 x (turn index + 1)."""
 

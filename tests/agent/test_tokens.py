@@ -143,7 +143,7 @@ def _experts(tokens: list[int]) -> bytes:
     return values.tobytes()
 
 
-def test_the_whole_record_carries_the_last_calls_experts_only_when_it_saw_the_whole_record():
+def test_each_chain_carries_the_experts_of_its_last_call():
     trajectory = Trajectory([1, 2, 3])
     trajectory.add_turn(
         [1, 2, 3], [4, 5], [-0.1, -0.2], "", experts=RoutedExperts(_experts([1, 2, 3, 4]), 4)
@@ -158,13 +158,19 @@ def test_the_whole_record_carries_the_last_calls_experts_only_when_it_saw_the_wh
     assert first.routed_experts == _experts([1, 2, 3, 4])
     assert second.routed_experts == _experts(sent)
 
-    # A trimmed context: the last call saw less than the whole record, which then has none.
+    # A trimmed context: two chains, each routed whole by its own last call.
     trimmed = Trajectory([1, 2, 3])
-    trimmed.add_turn([1, 2, 3], [4, 5], [-0.1, -0.2], "")
+    trimmed.add_turn(
+        [1, 2, 3], [4, 5], [-0.1, -0.2], "", experts=RoutedExperts(_experts([1, 2, 3, 4]), 4)
+    )
     trimmed.set_delta([6, 7])
     short = [1, 2, 3, 9, 6, 7]
     trimmed.add_turn(short, [8], [-0.3], "", experts=RoutedExperts(_experts(short), 4))
-    assert trimmed.whole_record().routed_experts == b""
+    first, second = trimmed.whole_records()
+    assert first.prompt_ids == [1, 2, 3] and first.response_ids == [4, 5]
+    assert first.routed_experts == _experts([1, 2, 3, 4])
+    assert second.prompt_ids == short and second.response_ids == [8]
+    assert second.routed_experts == _experts(short)
     assert trimmed.turn_records[1].routed_experts == _experts(short)
 
 
@@ -224,7 +230,7 @@ async def _two_turns(codec: ChatCodec, start: int | None) -> TokenMode:
 
 async def test_experts_sent_from_a_later_token_are_completed_from_the_previous_call(codec):
     mode = await _two_turns(codec, start=5)
-    whole = mode.whole_record()
+    [whole] = mode.whole_records()
     whole.check()
     assert whole.routed_experts == _experts([*whole.prompt_ids, *whole.response_ids][:-1])
 

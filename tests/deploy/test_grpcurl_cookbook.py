@@ -16,10 +16,10 @@ import pytest
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.pool.server import local_stack
 from swerl.prm.scripted import ScriptedJudge, verdict
 from swerl.prm.server import PrmServer
 from swerl.prm.settings import PrmSettings
+from swerl.stack import local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 
 REPO = Path(__file__).resolve().parents[2]

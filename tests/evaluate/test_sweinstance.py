@@ -7,8 +7,7 @@ import json
 import pytest
 
 from swerl.exec.evaluate_servicer import instance_from_pb as servicer_from_pb
-from swerl.exec.v1 import evaluate_pb2 as pb
-from swerl.sweinstance import (
+from swerl.exec.sweinstance import (
     KNOWN_COLUMNS,
     LIST_COLUMNS,
     TEXT_COLUMNS,
@@ -16,7 +15,8 @@ from swerl.sweinstance import (
     instance_from_pb,
     instance_to_pb,
 )
-from swerl.trainer_plugin import instance as plugin_instance
+from swerl.exec.v1 import evaluate_pb2 as pb
+from swerl.trainer_plugin import hooks as plugin_hooks
 from swerl.validate import instance_to_pb as validate_to_pb
 
 ROW = {
@@ -55,8 +55,8 @@ def test_a_row_comes_back_with_its_columns_and_decoded_test_lists():
 def test_validate_the_servicer_and_the_plugin_use_the_one_conversion():
     assert validate_to_pb is instance_to_pb
     assert servicer_from_pb is instance_from_pb
-    assert plugin_instance.InstanceError is InstanceError
-    assert plugin_instance.sample_instance(ROW).fail_to_pass == ["tests/test_a.py::test_x"]
+    assert plugin_hooks.InstanceError is InstanceError
+    assert plugin_hooks.sample_instance(ROW).fail_to_pass == ["tests/test_a.py::test_x"]
 
 
 def test_a_test_list_that_is_not_a_list_is_refused_naming_the_column():

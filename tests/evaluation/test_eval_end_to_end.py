@@ -205,7 +205,7 @@ async def test_eval_uses_running_services_with_agent_or_pool(tmp_path):
 
     from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.agent.server import local_agent
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     tasks = [t for t in load_tasks(TASKS) if t.instance_id in ALL[:2]]
     replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))

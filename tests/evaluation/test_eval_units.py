@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from swerl.agent.config import load_config
 from swerl.evaluation.dataset import load_instances, parse_slice, select
 from swerl.evaluation.results import OutputDir, summarize
 from swerl.evaluation.runner import EvalConfig, Progress, episode_start
@@ -210,3 +211,15 @@ def test_a_branching_start_carries_the_fork_turn_and_the_branch_count():
     assert (start.options.branch.at_turn, start.options.branch.count) == (2, 3)
     plain = episode_start(instance, EvalConfig(policy_endpoint="http://p"), "e-2")
     assert not plain.options.HasField("branch")
+
+
+def test_the_episode_deadline_takes_unset_limits_from_the_agent_config():
+    defaults = load_config().defaults
+    expected = defaults.wall_timeout_s + defaults.eval_timeout_s + 600.0
+    assert EvalConfig(policy_endpoint="http://p").episode_deadline_s == expected
+    # A config this install does not ship: the default one's limits (the agent judges the name).
+    assert EvalConfig(policy_endpoint="http://p", config_name="no-such").episode_deadline_s == (
+        expected
+    )
+    config = EvalConfig(policy_endpoint="http://p", wall_timeout_s=10, eval_timeout_s=5)
+    assert config.episode_deadline_s == 615.0

@@ -17,7 +17,7 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.evaluation.mini_swe_agent import SwerlEnvironment, sb_environment
 from swerl.exec.v1 import evaluate_pb2
 from swerl.pool.client import PoolClient
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
 

@@ -114,6 +114,35 @@ async def test_a_command_that_ends_as_it_kills_the_supervisor_is_never_a_timeout
     assert after.sandbox_restarted == (command == "kill -9 -1")
 
 
+# Bare commands whose status once depended on timing (issue 24): killing the supervisor or every
+# process ends 137 in both modes, as the supervisor's end says (the command's own W no longer
+# races it out), and stopping the supervisor (`$$` is the supervisor in a command, whose own
+# shell is a subshell) does not stop the command: its exit trap continues the supervisor and the
+# command ends with its own status, 0.
+BARE = {
+    "sigkill-every-process": ("kill -9 -1", 137),
+    "sigkill-the-supervisor": ("kill -9 $$", 137),
+    "sigstop-the-supervisor": ("kill -STOP $$", 0),
+}
+
+
+@MODES
+@pytest.mark.parametrize("case", sorted(BARE))
+async def test_a_bare_kill_or_stop_of_the_machinery_ends_with_the_same_status_every_time(
+    node, sandbox, case, session
+):
+    # docs/shell-protocol.md: C5, N10
+    command, exit_code = BARE[case]
+    sid = sandbox.sandbox_id
+    for _ in range(3):
+        result, took = await _timed(node, sid, command, timeout_s=TIMEOUT_S, session=session)
+        assert took < TIMEOUT_S + MARGIN_S, took
+        assert (result.exit_code, result.timed_out) == (exit_code, False), result
+        after = await node.client.run(sid, "echo ok", timeout_s=TIMEOUT_S, session=session)
+        assert (after.exit_code, after.stdout) == (0, b"ok\n")
+        assert after.sandbox_restarted == (case == "sigkill-every-process")
+
+
 @MODES
 @pytest.mark.parametrize("case", sorted(HANG_AFTER))
 async def test_a_command_that_disables_its_timeout_then_hangs_still_times_out_on_time(

@@ -210,7 +210,7 @@ async def test_cli_pull_and_status_exit_codes_and_report(node, base_image, tmp_p
 
 
 async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     async with local_stack(nodes=1, purpose="images-pool") as stack:
         args = ["images", "pull", "--image", base_image, "--pool", stack.pool_address]
@@ -274,8 +274,8 @@ async def test_cli_pre_pulls_where_the_pool_places_with_a_draining_and_an_unheal
 ):
     from swerl.pool import placement
     from swerl.pool.client import PoolClient
-    from swerl.pool.server import local_stack
     from swerl.pool.v1 import pool_pb2
+    from swerl.stack import local_stack
 
     async with local_stack(
         nodes=3,
@@ -328,7 +328,7 @@ async def test_cli_pre_pulls_where_the_pool_places_with_a_draining_and_an_unheal
 
 
 async def test_cli_pulls_onto_home_nodes_prefetches_and_shows_the_pools_cache(base_image, capsys):
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     async with local_stack(nodes=2, purpose="images-homes") as stack:
         auth = ["--pool", stack.pool_address, "--token", stack.token]

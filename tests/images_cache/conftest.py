@@ -6,7 +6,7 @@
   of every test; the nodes under test drive it (`docker_host`), so their evictions can never
   reach the shared dockerd's images.
 - `cache_node`: starts in-process exec nodes on port 0 against the second dockerd.
-- `pool_stack`: a pool and one exec node in process (swerl.pool.server.local_stack), the node on
+- `pool_stack`: a pool and one exec node in process (swerl.stack.local_stack), the node on
   the second dockerd, so its pulls are the second dockerd's and countable from its events.
 """
 
@@ -28,7 +28,7 @@ from swerl.exec.client import SandboxClient
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
 from swerl.exec.v1 import sandbox_pb2 as pb
-from swerl.pool.server import LocalStack, local_stack
+from swerl.stack import LocalStack, local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 
 # exec_testkit (status assertions shared with the exec node's tests) lives in tests/exec, which

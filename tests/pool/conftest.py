@@ -10,7 +10,7 @@ import docker
 import pytest
 
 from swerl.pool.client import PoolClient
-from swerl.pool.server import LocalStack, local_stack
+from swerl.stack import LocalStack, local_stack
 
 
 def swerl_containers(node_ids: list[str]) -> list[str]:

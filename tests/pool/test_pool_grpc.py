@@ -261,7 +261,7 @@ async def test_nodes_are_listed_healthy_with_their_load(stack, pool, base_image)
 async def test_pool_metrics_are_exported(base_image):
     import urllib.request
 
-    from swerl.pool.server import local_stack
+    from swerl.stack import local_stack
 
     async with local_stack(nodes=1, purpose="poolmetrics", pool_settings={"metrics_port": 0}) as s:
         client = PoolClient(s.pool_address, token=s.token)

@@ -14,9 +14,9 @@ from dockerd_kit import push_images, remove_names, start_registry
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
 from swerl.pool.client import PoolClient
-from swerl.pool.server import local_stack
 from swerl.pool.v1 import pool_pb2 as pb
 from swerl.pool.v1 import pool_pb2_grpc
+from swerl.stack import local_stack
 
 TASK_IMAGE = "swerl-examples/swerl-examples__romans-5:latest"
 

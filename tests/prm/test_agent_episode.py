@@ -19,8 +19,8 @@ from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
-from swerl.pool.server import local_stack
 from swerl.prm.scripted import HANG, Reply, Rule, verdict
+from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
 

@@ -61,6 +61,15 @@ ADVANTAGE_ESTIMATORS = (
 )
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    """Stand-in of miles.utils.types.AdapterRef (utils/types.py:10-16): which LoRA adapter a
+    sample is bound to, by name and controller slot."""
+
+    name: str
+    slot: int
+
+
 @dataclass
 class Sample:
     """Stand-in of miles.utils.types.Sample (training-relevant fields only)."""
@@ -94,6 +103,8 @@ class Sample:
     train_metadata: dict | None = None
     routing_key: str | None = None
     non_generation_time: float = 0.0
+    # Multi-LoRA: the adapter the sample trains and samples with (utils/types.py:74-75).
+    adapter: AdapterRef | None = None
 
     def get_reward_value(self, args: Any) -> Any:
         key = args.reward_key
@@ -242,8 +253,8 @@ def check_sample_invariants(sample: Any) -> None:
     standin_common.check_sample_invariants(Sample, sample)
 
 
-def check_call_result(result: Any, *, per_turn: bool) -> list[Sample]:
-    return standin_common.check_call_result(Sample, result, per_turn=per_turn)
+def check_call_result(result: Any, *, per_turn: bool, chains: int = 1) -> list[Sample]:
+    return standin_common.check_call_result(Sample, result, per_turn=per_turn, chains=chains)
 
 
 # -- miles' rollout machinery around the hooks ----------------------------------------------
@@ -362,10 +373,23 @@ def _reward_groups(
 
 def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:
     """miles' conversion of a rollout's groups into train data, as far as the plugin's fields
-    go (miles has no top-p replay; routed experts are numpy arrays)."""
+    go (miles has no top-p replay; routed experts are numpy arrays), with its compact-batch
+    rule: any sample carrying a rollout_id makes the batch compact and then no dynamic global
+    batch size is computed (ray/rollout/rollout_data_conversion.py:13, 30-41), which
+    train_data_conversion.py:154-155 asserts on when `--use-dynamic-global-batch-size` is on
+    (multi-LoRA forces it on, utils/multi_lora.py:179)."""
+    standin_common.check_rollout_ids(groups, Sample)
     samples = list(groups)
     while samples and isinstance(samples[0], list):
         samples = list(itertools.chain.from_iterable(samples))
+    compact = any(s.rollout_id is not None for s in samples)
+    dynamic_gbs = None
+    if not getattr(args, "disable_rollout_trim_samples", False) and not compact:
+        if getattr(args, "use_dynamic_global_batch_size", False):
+            dynamic_gbs = len(samples)
+    assert getattr(args, "use_dynamic_global_batch_size", False) == (dynamic_gbs is not None), (
+        "compact batch (a sample carries rollout_id) under --use-dynamic-global-batch-size"
+    )
     hook = load_function(getattr(args, "custom_reward_post_process_path", None))
     assert hook is not None, "the plugin's tests always set the post-process hook"
     raw, rewards = hook(args, samples)
@@ -378,6 +402,9 @@ def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:
             [0] * s.response_length if s.remove_sample else s.loss_mask for s in samples
         ],
     }
+    # miles fills a missing rollout_id from the sample's index (train_data_conversion.py:82).
+    rollout_ids = [s.rollout_id if s.rollout_id is not None else s.index for s in samples]
+    data["rollout_mask_sums"] = standin_common.rollout_mask_sums(rollout_ids, data["loss_masks"])
     for s in samples:
         assert len(s.loss_mask) == s.response_length
     if samples[0].rollout_routed_experts is not None:

@@ -185,8 +185,8 @@ def check_sample_invariants(sample: Any) -> None:
     standin_common.check_sample_invariants(Sample, sample)
 
 
-def check_call_result(result: Any, *, per_turn: bool) -> list[Sample]:
-    return standin_common.check_call_result(Sample, result, per_turn=per_turn)
+def check_call_result(result: Any, *, per_turn: bool, chains: int = 1) -> list[Sample]:
+    return standin_common.check_call_result(Sample, result, per_turn=per_turn, chains=chains)
 
 
 # -- slime's rollout machinery around the hooks ---------------------------------------------
@@ -224,24 +224,36 @@ def default_post_process(args: Any, samples: list[Any]) -> tuple[list[float], li
 
 def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:
     """slime's conversion of a rollout's groups into train data, with its checks."""
+    standin_common.check_rollout_ids(groups, Sample)  # slime ray/rollout.py:601
     samples = list(groups)
     while samples and isinstance(samples[0], list):
         samples = list(itertools.chain.from_iterable(samples))
     hook = load_function(getattr(args, "custom_reward_post_process_path", None))
     raw, rewards = hook(args, samples) if hook else default_post_process(args, samples)
     assert len(raw) == len(samples) and len(rewards) == len(samples)
+    # slime ray/rollout.py:647-656: a sample without rollout_id gets the lowest unused int.
+    rollout_ids = [s.rollout_id for s in samples]
+    taken = {r for r in rollout_ids if r is not None}
+    fresh = 0
+    for i, rid in enumerate(rollout_ids):
+        if rid is None:
+            while fresh in taken:
+                fresh += 1
+            rollout_ids[i] = fresh
+            taken.add(fresh)
     data: dict[str, Any] = {
         "tokens": [s.tokens for s in samples],
         "response_lengths": [s.response_length for s in samples],
         "rewards": rewards,
         "raw_reward": raw,
-        "rollout_ids": [s.rollout_id for s in samples],
+        "rollout_ids": rollout_ids,
     }
     for s in samples:
         assert len(s.loss_mask) == s.response_length
     data["loss_masks"] = [
         [0] * s.response_length if s.remove_sample else s.loss_mask for s in samples
     ]
+    data["rollout_mask_sums"] = standin_common.rollout_mask_sums(rollout_ids, data["loss_masks"])
     if samples[0].rollout_log_probs is not None:
         data["rollout_log_probs"] = [s.rollout_log_probs for s in samples]
     if getattr(args, "rollout_top_p", 1.0) != 1.0:

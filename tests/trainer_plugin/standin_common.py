@@ -70,25 +70,64 @@ def check_sample_invariants(sample_cls: type, sample: Any) -> None:
     assert sample.status in (status.COMPLETED, status.TRUNCATED, status.ABORTED, status.FAILED)
     if sample.remove_sample:
         assert sample.reward == 0.0 and set(sample.loss_mask) == {0}
-    assert isinstance(sample.rollout_id, int), "an int rollout_id on every sample"
-    assert sample.metadata.get("rollout_id") == sample.rollout_id
+    assert isinstance(sample.metadata.get("rollout_id"), int), "the episode's id in metadata"
+    assert sample.rollout_id is None or sample.rollout_id == sample.metadata["rollout_id"]
     for key in ("agent_metrics", "eval_report", "episode_status", "patch", "artifact_dir"):
         assert key in sample.metadata, key
 
 
-def check_call_result(sample_cls: type, result: Any, *, per_turn: bool) -> list[Any]:
-    """A generate return value: always a list in dynamic mode, one Sample otherwise; siblings
-    share rollout_id. Returns the samples."""
-    if per_turn:
+def check_call_result(
+    sample_cls: type, result: Any, *, per_turn: bool, chains: int = 1
+) -> list[Any]:
+    """A generate return value: always a list in dynamic mode; otherwise one Sample, or a list
+    of `chains` samples when the context was trimmed. Siblings of a list of two or more share
+    a non-None rollout_id (the frameworks' fan-out check, see `check_rollout_ids`); a lone
+    sample carries none (miles would take it as compact). Returns the samples."""
+    if per_turn or chains > 1:
         assert isinstance(result, list) and result, result
         samples = result
-        assert len({s.rollout_id for s in samples}) == 1, "siblings share rollout_id"
+        if chains > 1:
+            assert len(samples) == chains, (len(samples), chains)
     else:
         assert isinstance(result, sample_cls), type(result)
         samples = [result]
+    if len(samples) > 1:
+        ids = {s.rollout_id for s in samples}
+        assert len(ids) == 1 and None not in ids, f"siblings share a rollout_id: {ids}"
+    else:
+        assert samples[0].rollout_id is None, "a lone sample sets no rollout_id"
     for sample in samples:
         check_sample_invariants(sample_cls, sample)
     return samples
+
+
+def check_rollout_ids(node: Any, sample_cls: type, depth: int = 0) -> None:
+    """Both frameworks' walk over a rollout's nested output (slime
+    observability/rollout_data_utils.py:92-121 `validate_rollout_id_annotated`, called at
+    ray/rollout.py:601; miles ray/rollout/rollout_data_conversion.py:54-72
+    `validate_compact_rollout_ids`): a list of two or more samples at depth >= 2 (one generate
+    call's fan-out) must share one non-None rollout_id."""
+    if isinstance(node, sample_cls):
+        return
+    assert isinstance(node, list), type(node)
+    if node and isinstance(node[0], sample_cls):
+        if depth >= 2 and len(node) > 1:
+            ids = [s.rollout_id for s in node]
+            assert None not in ids, f"compact rollout with rollout_id unset: {ids}"
+            assert len(set(ids)) == 1, f"siblings must share rollout_id: {ids}"
+        return
+    for item in node:
+        check_rollout_ids(item, sample_cls, depth + 1)
+
+
+def rollout_mask_sums(rollout_ids: list[Any], loss_masks: list[list[int]]) -> list[int]:
+    """The loss reducer's per-rollout denominators: every sample carries the loss-mask total of
+    all samples sharing its rollout_id (slime ray/rollout.py:695-700, miles
+    ray/rollout/train_data_conversion.py:162-169)."""
+    totals: dict[Any, int] = {}
+    for rid, mask in zip(rollout_ids, loss_masks, strict=True):
+        totals[rid] = totals.get(rid, 0) + sum(mask)
+    return [totals[rid] for rid in rollout_ids]
 
 
 def group_post_process(

@@ -19,11 +19,11 @@ from conftest import make_args
 from standin_common import load_function
 from standin_data_source import DATA_ARGS
 
+from swerl.exec.sweinstance import image_name_for
 from swerl.pool.server import PoolServer
 from swerl.pool.settings import PoolSettings
 from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
 from swerl.trainer_plugin import data_source
-from swerl.trainer_plugin.instance import image_name_for
 from swerl.trainer_plugin.prefetch import _prefetchers
 
 DATA_SOURCE = "swerl.trainer_plugin.data_source.PrefetchingDataSource"

@@ -32,7 +32,7 @@ from swerl.agent.replay import (
 )
 from swerl.agent.server import local_agent
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.trainer_plugin import (
     filter_infra_failures,

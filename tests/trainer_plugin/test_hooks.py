@@ -286,6 +286,19 @@ def test_metrics_count_a_per_turn_episode_once(fw):
     assert out["agent/turns_sum"] == 6.0 and out["agent/episodes"] == 2.0
 
 
+def test_metrics_sum_the_tool_protocols_per_tool_counts_and_parse_failures(fw):
+    tools = {"tool_calls": 5.0, "tool_calls_bash": 3.0, "tool_calls_submit": 1.0}
+    samples = [
+        _finished(fw, 0, 0, 1.0, agent_metrics={**FULL, **tools, "tool_parse_failures": 2.0}),
+        _finished(fw, 0, 1, -1.0, agent_metrics={**FULL, "tool_calls_bash": 1.0}),
+    ]
+    out = metrics.agent_metrics(samples)
+    assert out["agent/tool_calls_bash_sum"] == 4.0 and out["agent/tool_calls_bash_mean"] == 2.0
+    assert out["agent/tool_calls_submit_sum"] == 1.0
+    assert out["agent/tool_parse_failures_sum"] == 2.0
+    assert "agent/format_errors_sum" not in out
+
+
 def test_metrics_tell_infra_failures_from_unresolved_episodes(fw):
     samples = [
         _finished(fw, 0, 0, 1.0, episode_status="SUBMITTED", outcome_reward=1.0),

@@ -104,7 +104,9 @@ async def test_a_prompt_group_is_one_trunk_and_n_branches_with_a_shared_identica
         assert sample.rollout_log_probs[:n_trunk] == got[0].rollout_log_probs[:n_trunk]
     # ... and the branches differ after it.
     assert len({tuple(response_of(s)) for s in got}) == N
-    assert len({s.rollout_id for s in got}) == N
+    assert len({s.metadata["rollout_id"] for s in got}) == N and {s.rollout_id for s in got} == {
+        None
+    }
     # The group hooks: kept, and GRPO advantages over the group's n branches.
     assert fw.call_dynamic_filter(filter_infra_failures, args, got).keep
     raw, advantages = post_process_rewards(args, got)

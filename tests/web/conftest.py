@@ -22,7 +22,7 @@ from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
-from swerl.pool.server import local_stack
+from swerl.stack import local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 
 # web_testkit sits beside this file; a plain `conftest` import would be ambiguous across test

@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from swerl.exec.docker_backend import ContainerState, DockerBackend
+from swerl.exec.docker_backend import ContainerNotRunning, ContainerState, DockerBackend
 from swerl.exec.errors import (
     InvalidCommand,
     SandboxContainerRemoved,
@@ -36,6 +36,11 @@ log = structlog.get_logger(__name__)
 # kills it as soon as it runs (e.g. out of memory at once), and the sandbox is lost.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+# After Docker refused a shell because the container is stopping, how long to wait for Docker to
+# record the stop (it takes milliseconds, up to a second or so on a loaded host), and how often
+# to ask.
+STOP_SETTLE_S = 10.0
+STOP_POLL_S = 0.02
 
 
 class SandboxShell:
@@ -75,13 +80,28 @@ class SandboxShell:
             log.info("shell.restart", container_id=self.container_id[:12])
         try:
             sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
-        except ShellUnavailable:
-            state = await self._backend.container_state(self.container_id)
+        except ShellUnavailable as exc:
+            state = await self._settled_state(exc)
             if state is not None and state.running:
                 raise
             sup = await self._start_container_again(state)
         self.supervisor = sup
         return sup
+
+    async def _settled_state(self, failure: ShellUnavailable) -> ContainerState | None:
+        """Docker's state of the container after a shell did not start. When Docker refused the
+        shell's exec because the container is stopping (a command killed every process and
+        docker-init has ended, but Docker has not recorded the stop yet and still says running),
+        this waits until Docker says it stopped, STOP_SETTLE_S at most: the container is then
+        started again, instead of the command failing with the shell's error."""
+        state = await self._backend.container_state(self.container_id)
+        if not isinstance(failure.__cause__, ContainerNotRunning):
+            return state
+        deadline = time.monotonic() + STOP_SETTLE_S
+        while state is not None and state.running and time.monotonic() < deadline:
+            await asyncio.sleep(STOP_POLL_S)
+            state = await self._backend.container_state(self.container_id)
+        return state
 
     async def _start_container_again(self, state: ContainerState | None) -> Supervisor:
         short = self.container_id[:12]
@@ -112,7 +132,7 @@ class SandboxShell:
         try:
             sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
         except ShellUnavailable as exc:
-            again = await self._backend.container_state(self.container_id)
+            again = await self._settled_state(exc)
             if again is not None and again.running:
                 raise  # the container runs: the shell's own trouble, not the sandbox's
             raise self._lose(
@@ -183,6 +203,25 @@ class SandboxShell:
 
         self.spawn(start())
 
+    def end_orphan(self) -> None:
+        """For a sandbox adopted after a node restart: kills, in the background and before any
+        new command runs, the command a node process that died (SIGKILL) was running here. Its
+        caller went away with that process, and nothing else would end it (its supervisor waits
+        on it, its watchdog only at its timeout). The pgid file names it whether or not it still
+        runs (a kill of a group that is gone does nothing)."""
+
+        async def end() -> None:
+            await self.take_turn(self)
+            try:
+                pgid = self.last_pgid()
+                if pgid:
+                    log.info("shell.orphan_kill", container_id=self.container_id[:12], pgid=pgid)
+                    await self.kill_inside(pgid=pgid)
+            finally:
+                self.end_turn(self)
+
+        self.spawn(end())
+
     def _not_running(self, why: str) -> SandboxNotRunning:
         return SandboxNotRunning(
             f"the sandbox's container stopped and cannot be started again: {why}; destroy the"
@@ -231,6 +270,15 @@ class SandboxShell:
         """The process group the watchdog last killed at its deadline (0 if none is left)."""
         with contextlib.suppress(OSError, ValueError, IndexError):
             return int((self.io_dir / "timeout").read_text().split()[0])
+        return 0
+
+    def last_pgid(self) -> int:
+        """The process group of the last command any supervisor of this sandbox started (0 if
+        none, or the record is half-written)."""
+        with contextlib.suppress(OSError, ValueError):
+            fields = (self.io_dir / "pgid").read_text().split()
+            if len(fields) == 4 and fields[0] == fields[3]:
+                return int(fields[1])
         return 0
 
     def current_pgid(self, nonce: str) -> int:

@@ -88,16 +88,31 @@ __swerl_save_session() {
 
 # C5. The worker's EXIT trap. A supervisor the command stopped (SIGSTOP) is continued first: it
 # must reap this worker and report. A SESSION command's state is saved next. Then, if the command ended
-# on its own (not through `exit`, errexit or a signal: those leave __swerl_rc unset) and stdout
-# is still the supervisor's FIFO, the early end marker W goes out with the command's status. Its
+# on its own (not through `exit`, errexit or a signal: those leave __swerl_rc unset), stdout
+# is still the supervisor's FIFO and the supervisor is not being killed, the early end marker W
+# goes out with the command's status. Its
 # id ($1) is a one-time value the node made for this command alone, not the supervisor's token:
 # a command that reads it from `trap -p` can only end its own run early. A command that sets its
 # own EXIT trap replaces this one, and the supervisor's E is then its only end marker.
 __swerl_exit() {
   kill -s CONT "$$" 2>/dev/null
   [ "$__swerl_mode" = s ] && __swerl_save_session
-  [ -n "${__swerl_rc-}" ] && [ /proc/self/fd/1 -ef "/proc/$$/fd/1" ] &&
+  [ -n "${__swerl_rc-}" ] && [ /proc/self/fd/1 -ef "/proc/$$/fd/1" ] && __swerl_boss_alive &&
     printf '\0SWERL:%s:W:%d\0' "$1" "$__swerl_rc"
+}
+
+# C5. Whether the supervisor lives on: false once it exited or a SIGKILL is pending for it. A
+# command that killed it (`kill -9 $$`, `kill -9 -1`) returns before the kernel has ended it, so
+# without this its W could still get out as 0, or not, by timing; with it such a command always
+# ends as the supervisor's end says (137, N10). The kernel marks a SIGKILL pending in the target
+# before kill(2) returns; /proc/PID/stat's field 31 is the pending set (bit 8 is SIGKILL).
+__swerl_boss_alive() {
+  # Fields 3 (state) and 31 (pending signals) read into names, not split into an array (which
+  # costs several times more); the supervisor's comm, bash, has no space.
+  local IFS=' ' __p __c __s __x __g
+  builtin read -r __p __c __s __x __x __x __x __x __x __x __x __x __x __x __x __x __x \
+    __x __x __x __x __x __x __x __x __x __x __x __x __x __g __x <"/proc/$$/stat" 2>/dev/null || return 1
+  [[ $__s != [ZX] ]] && (( !((${__g:-0} >> 8) & 1) ))
 }
 
 # C4. A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) END_ID CWD STDIN_PATH ENV_SCRIPT

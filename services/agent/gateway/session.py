@@ -1,0 +1,390 @@
+"""Gateway sessions: open, look up, call, close; one call's whole flow.
+
+A call: find the recorded call its history continues (by message digests, else by token
+prefix), render only what follows it (or the whole conversation for a new root) in the CPU pool,
+check the context budget, send the exact ids to the policy, parse reasoning and tool calls, and
+record the call in the session's tree. Everything here runs on the event loop except rendering,
+decoding and parsing, which go to the executor. Domain code: no HTTP, no grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import secrets
+import time
+import uuid
+from array import array
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from swerl.agent.gateway.errors import (
+    BadSecret,
+    ContextTooLong,
+    GatewayAtCapacity,
+    InvalidSessionSpec,
+    PolicyDown,
+    SessionAborted,
+    SessionClosed,
+    SessionMissing,
+    SessionNotFound,
+)
+from swerl.agent.gateway.messages import (
+    Conversation,
+    ToolCall,
+    assistant_message,
+    chain_digests,
+    message_key,
+    roll,
+)
+from swerl.agent.gateway.parsing import OutputParser, ParsedOutput, output_parser
+from swerl.agent.gateway.render import Renderer
+from swerl.agent.gateway.tree import CallKind, CallNode, CallTree, chain_records
+from swerl.agent.policy import Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.tokens import ChatCodec, TokenRecordData
+
+T = TypeVar("T")
+DEFAULT_MAX_NEW_TOKENS = 4096
+DEFAULT_MODEL = "swerl-policy"
+
+
+class SessionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"
+    LIMIT_CONTEXT = "limit_context"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What OpenSession fixes for the session's lifetime."""
+
+    endpoint: str
+    tokenizer_path: str
+    model: str = DEFAULT_MODEL
+    sampling_params: Mapping[str, Any] = field(default_factory=dict)
+    request_timeout_s: float = 0.0
+    max_context_tokens: int = 0
+    max_new_tokens: int = 0
+    lora_path: str = ""
+    tool_call_parser: str = ""
+    reasoning_parser: str = ""
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    owner: str = ""
+
+    def check(self) -> None:
+        if not self.endpoint:
+            raise InvalidSessionSpec("policy.endpoint is required", field="policy.endpoint")
+        if not self.tokenizer_path:
+            raise InvalidSessionSpec(
+                "policy.tokenizer_path is required (the gateway renders with its chat template)",
+                field="policy.tokenizer_path",
+            )
+        if self.max_context_tokens < 0 or self.max_new_tokens < 0:
+            raise InvalidSessionSpec("limits must not be negative", field="max_context_tokens")
+
+    def max_new(self) -> int:
+        if self.max_new_tokens:
+            return self.max_new_tokens
+        value = self.sampling_params.get("max_new_tokens")
+        return (
+            int(value) if isinstance(value, int | float) and value > 0 else DEFAULT_MAX_NEW_TOKENS
+        )
+
+
+# Builds the policy client of one branch of a session (SGLang /generate for the spec).
+PolicyFactory = Callable[[SessionSpec, str], TokenPolicy]
+# Loads (once) the chat codec of a tokenizer path and template kwargs.
+CodecSource = Callable[[str, dict[str, Any]], Awaitable[ChatCodec]]
+
+
+@dataclass
+class CallAnswer:
+    """What a protocol face needs to answer one call."""
+
+    content: str
+    reasoning: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str  # stop | length
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    # Seconds spent waiting for the policy (the rest of a call is the gateway's overhead).
+    policy_s: float = 0.0
+
+
+@dataclass
+class SessionCounters:
+    infra_errors: int = 0
+    context_errors: int = 0
+    in_flight: int = 0
+    # Seconds over the answered calls: waiting for the policy, and everything else.
+    policy_time_s: float = 0.0
+    overhead_time_s: float = 0.0
+
+    def metrics(self, tree: CallTree) -> dict[str, float]:
+        """The session's figures, named like the agent's episode metrics (`agent/*` in the
+        trainer's logs once a harness episode reports them)."""
+        calls = tree.calls
+        return {
+            "gateway_calls": float(len(calls)),
+            "gateway_roots": float(sum(1 for c in calls if c.kind is CallKind.ROOT)),
+            "gateway_forks": float(sum(1 for c in calls if c.kind is CallKind.FORK)),
+            "gateway_chains": float(sum(1 for _ in tree.leaves())),
+            "tool_calls": float(sum(c.tool_calls for c in calls)),
+            "gateway_sampled_tokens": float(sum(len(c.output_ids) for c in calls)),
+            "gateway_reused_tokens": float(sum(c.reused_tokens for c in calls)),
+            "model_query_time_sum": self.policy_time_s,
+            "gateway_overhead_time_sum": self.overhead_time_s,
+            "gateway_infra_errors": float(self.infra_errors),
+            "gateway_context_errors": float(self.context_errors),
+        }
+
+
+class Session:
+    def __init__(
+        self,
+        session_id: str,
+        secret: str,
+        spec: SessionSpec,
+        renderer: Renderer,
+        parser: OutputParser,
+    ) -> None:
+        self.id = session_id
+        self.secret = secret
+        self.spec = spec
+        self.renderer = renderer
+        self.parser = parser
+        self.tree = CallTree()
+        self.state = SessionState.OPEN
+        self.counters = SessionCounters()
+        self.aborted = asyncio.Event()
+        self.opened = time.time()
+        # Policy clients of the branch tips: a client keeps its last request's serialized ids,
+        # so a chain's calls serialize only their new ids. Taken by a call, put back under the
+        # node it recorded.
+        self.policies: dict[int, TokenPolicy] = {}
+        self.close_request_id = ""
+        self.records: list[TokenRecordData] | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Closed (its records taken), whatever state it ended in."""
+        return self.records is not None
+
+
+class SessionStore:
+    """The sessions of one agent process."""
+
+    def __init__(
+        self,
+        *,
+        codecs: CodecSource,
+        policy_factory: PolicyFactory,
+        executor: Executor | None,
+        max_sessions: int = 4096,
+        keep_ended: int = 256,
+    ) -> None:
+        self._codecs = codecs
+        self._policy_factory = policy_factory
+        self._executor = executor
+        self._max_sessions = max_sessions
+        self._keep_ended = keep_ended
+        self.sessions: dict[str, Session] = {}
+        self._by_request: dict[str, str] = {}
+        self._ended_order: list[str] = []
+
+    async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # -- lifecycle (the session RPCs) ----------------------------------------------------------
+
+    async def open(self, spec: SessionSpec, request_id: str = "") -> Session:
+        if request_id and request_id in self._by_request:
+            return self.sessions[self._by_request[request_id]]
+        spec.check()
+        open_now = sum(1 for s in self.sessions.values() if not s.ended)
+        if open_now >= self._max_sessions:
+            raise GatewayAtCapacity(
+                f"this agent holds {open_now} open sessions (its limit)", limit=self._max_sessions
+            )
+        parser = output_parser(spec.tool_call_parser, spec.reasoning_parser)
+        codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
+        session = Session(
+            uuid.uuid4().hex, secrets.token_urlsafe(24), spec, Renderer(codec), parser
+        )
+        self.sessions[session.id] = session
+        if request_id:
+            self._by_request[request_id] = session.id
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"no session {session_id!r}", session_id=session_id)
+        return session
+
+    def close(
+        self, session_id: str, *, request_id: str = "", abort: bool = False
+    ) -> list[TokenRecordData]:
+        session = self.get(session_id)
+        if session.records is not None:
+            if request_id and request_id == session.close_request_id:
+                return session.records
+            raise SessionClosed(f"session {session_id!r} is closed", session_id=session_id)
+        if abort or session.state is SessionState.ABORTED:
+            session.state = SessionState.ABORTED
+            session.aborted.set()
+        elif session.state is SessionState.OPEN:
+            session.state = SessionState.CLOSED
+        # LIMIT_CONTEXT stays: the episode ended on its context budget.
+        session.close_request_id = request_id
+        session.records = chain_records(session.tree)
+        session.policies.clear()
+        session.aborted.set()  # any call still in flight is answered with an error
+        self._ended_order.append(session_id)
+        while len(self._ended_order) > self._keep_ended:
+            old = self._ended_order.pop(0)
+            gone = self.sessions.pop(old, None)
+            if gone is not None and gone.close_request_id:
+                self._by_request = {k: v for k, v in self._by_request.items() if v != old}
+        return session.records
+
+    # -- one HTTP call --------------------------------------------------------------------------
+
+    def for_call(self, session_id: str, secret: str | None) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None or session.records is not None:
+            if session is not None and session.state is SessionState.ABORTED:
+                raise SessionAborted(f"session {session_id} was aborted by the trainer")
+            raise SessionMissing(f"no open session {session_id!r}")
+        if not secret or not secrets.compare_digest(secret, session.secret):
+            raise BadSecret("invalid session secret (Authorization: Bearer <secret>)")
+        if session.state is SessionState.ABORTED:
+            raise SessionAborted(f"session {session_id} was aborted by the trainer")
+        return session
+
+    async def call(self, session: Session, conv: Conversation, protocol: str) -> CallAnswer:
+        counters = session.counters
+        counters.in_flight += 1
+        started = time.perf_counter()
+        try:
+            answer = await self._call(session, conv, protocol)
+        finally:
+            counters.in_flight -= 1
+        counters.policy_time_s += answer.policy_s
+        counters.overhead_time_s += time.perf_counter() - started - answer.policy_s
+        return answer
+
+    def _match(
+        self, session: Session, conv: Conversation
+    ) -> tuple[CallNode | None, int, list[bytes]]:
+        """The recorded call the conversation continues and where its new messages start."""
+        digests = chain_digests(conv.tools_key(), conv.keys)
+        for i in range(len(conv.messages) - 1, -1, -1):
+            if conv.messages[i]["role"] != "assistant":
+                continue
+            node = session.tree.find(digests[i])
+            if node is not None:
+                return node, i + 1, digests
+        return None, 0, digests
+
+    async def _call(self, session: Session, conv: Conversation, protocol: str) -> CallAnswer:
+        renderer, spec = session.renderer, session.spec
+        parent, start, digests = self._match(session, conv)
+        if parent is not None:
+            ended = bool(parent.output_ids) and parent.output_ids[-1] == renderer.end_of_turn_id
+            delta = await self._cpu(renderer.delta, conv.messages[start:], ended)
+            prompt = parent.tokens()
+            reused = len(prompt)
+            prompt.extend(delta)
+        else:
+            prompt = array("i", await self._cpu(renderer.full, conv.messages, conv.tools))
+            parent = session.tree.longest_token_prefix(prompt)
+            reused = parent.token_count() if parent is not None else 0
+        budget = spec.max_context_tokens
+        max_new = min(spec.max_new(), conv.max_tokens or spec.max_new())
+        if budget:
+            if len(prompt) >= budget:
+                session.counters.context_errors += 1
+                if session.state is SessionState.OPEN:
+                    session.state = SessionState.LIMIT_CONTEXT
+                raise ContextTooLong(len(prompt), budget)
+            max_new = min(max_new, budget - len(prompt))
+        policy = session.policies.pop(parent.index, None) if parent is not None else None
+        if policy is None:
+            policy = self._policy_factory(spec, session.id)
+        policy_started = time.perf_counter()
+        generation = await self._generate(session, policy, prompt, max_new)
+        policy_s = time.perf_counter() - policy_started
+        parsed = await self._cpu(
+            _read_output, session, generation.output_ids, conv.tools, generation.finish_reason
+        )
+        reply = assistant_message(parsed.content, parsed.reasoning, parsed.tool_calls)
+        # The next call that echoes this reply after this history continues this node.
+        digest = roll(digests[-1], message_key(reply))
+        node = session.tree.add(
+            parent,
+            protocol=protocol,
+            prompt_ids=prompt,
+            output_ids=array("i", generation.output_ids),
+            logprobs=array("d", generation.logprobs),
+            finish_reason=generation.finish_reason,
+            weight_version=generation.weight_version,
+            reused_tokens=reused,
+            tool_calls=len(parsed.tool_calls),
+            request_messages=len(conv.messages),
+            rendered_messages=len(conv.messages) - start,
+            digest=digest,
+        )
+        if session.records is None:
+            session.policies[node.index] = policy
+        return CallAnswer(
+            content=parsed.content,
+            reasoning=parsed.reasoning,
+            tool_calls=list(parsed.tool_calls),
+            finish_reason=generation.finish_reason,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(generation.output_ids),
+            model=spec.model or DEFAULT_MODEL,
+            policy_s=policy_s,
+        )
+
+    async def _generate(
+        self, session: Session, policy: TokenPolicy, prompt: array[int], max_new: int
+    ) -> Generation:
+        """The policy call, abandoned when the session is aborted meanwhile."""
+        task = asyncio.ensure_future(policy.generate(prompt, max_new))
+        aborted = asyncio.ensure_future(session.aborted.wait())
+        try:
+            await asyncio.wait({task, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+        if not task.done():
+            task.cancel()
+            if session.state is not SessionState.ABORTED:
+                raise SessionMissing(f"session {session.id} was closed during this call")
+            raise SessionAborted(f"session {session.id} was aborted by the trainer")
+        try:
+            generation = task.result()
+        except PolicyUnavailable as err:
+            session.counters.infra_errors += 1
+            raise PolicyDown(f"the policy is unavailable ({err.reason}): {err.message}") from err
+        if generation.finish_reason == "abort":
+            session.state = SessionState.ABORTED
+            session.aborted.set()
+            raise SessionAborted(f"session {session.id}: the trainer aborted the generation")
+        return generation
+
+
+def _read_output(
+    session: Session,
+    output_ids: Sequence[int],
+    tools: list[dict[str, Any]] | None,
+    finish_reason: str,
+) -> ParsedOutput:
+    """Decode and parse the sampled ids (one trip to the CPU pool)."""
+    text = session.renderer.decode(output_ids)
+    return session.parser.parse(text, tools, finish_reason)

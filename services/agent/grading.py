@@ -1,0 +1,53 @@
+"""Grading an episode's work: the evaluation of its patch and the outcome reward.
+
+The patch is graded in a sandbox of its own, leased after the agent's sandbox was released
+(nothing the agent left behind can touch the tests). A patch that changes nothing needs no
+sandbox: the exec's own verdict (`swerl.exec.verdicts`) is given here without one. The outcome
+reward is agent.proto's `EpisodeResult.reward`: +1 RESOLVED_FULL, -1 any other verdict, -1 a
+sandbox the policy broke, none where nothing was graded.
+"""
+
+from __future__ import annotations
+
+from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.sandbox import SandboxProvider, guarded
+from swerl.agent.spec import EpisodeSpec
+from swerl.agent.status import EpisodeStatus
+from swerl.exec.v1 import evaluate_pb2
+from swerl.exec.verdicts import empty_patch
+
+
+async def evaluate(
+    provider: SandboxProvider, spec: EpisodeSpec, key: str, patch: bytes
+) -> evaluate_pb2.EvaluationReport:
+    """The report on `patch` (`key` names the grading lease: the episode, or its branch)."""
+    verdict = empty_patch(patch)
+    if verdict is not None:
+        return verdict.report(spec.instance.instance_id)
+    async with provider.lease(
+        spec.instance.image_name,
+        owner=spec.lease_owner,
+        instance_id=spec.instance.instance_id,
+        request_id=f"{key}-eval",
+        workdir=None,
+    ) as grader:
+        return await guarded(grader, grader.evaluate(spec.instance, patch, spec.eval_timeout_s))
+
+
+def check_report(report: evaluate_pb2.EvaluationReport) -> None:
+    """An evaluation whose own infrastructure failed is no verdict: INFRA_ERROR."""
+    if report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
+        raise EpisodeInfraError(
+            "EVALUATION_INFRA_ERROR", f"{report.error_reason}: {report.error_message}"
+        )
+
+
+def outcome_reward(
+    status: EpisodeStatus | None, report: evaluate_pb2.EvaluationReport | None
+) -> float | None:
+    """The episode's outcome reward, or None when there is no verdict."""
+    if status is EpisodeStatus.SANDBOX_BROKEN:
+        return -1.0  # a failed attempt: the policy broke what it was to fix
+    if status is None or not status.graded or report is None:
+        return None
+    return 1.0 if report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL else -1.0

@@ -1,0 +1,159 @@
+"""A command whose caller vanished with the node process (SIGKILL) does not keep running once
+the node restarts and adopts the sandbox (issue 24, exit codes). The node runs as its own
+process here (`swerl exec serve`), so it can be killed the way a crash or the OOM killer would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import grpc
+import pytest
+from exec_testkit import RPC_TIMEOUT_S
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from swerl.chassis.client import make_channel
+from swerl.exec.client import SandboxClient
+from swerl.exec.v1 import sandbox_pb2 as pb
+
+TOKEN = "orphan-test-token"
+# The orphan: a process in the command's process group, its pid left in a file to look for.
+ORPHAN = "sleep 1234 & echo $! > /tmp/orphan.pid; wait"
+ALIVE = "kill -0 $(cat /tmp/orphan.pid)"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _NodeProcess:
+    """`swerl exec serve` on a port of its own, with this node id and state dir."""
+
+    def __init__(self, node_id: str, state_dir: Path, log_path: Path) -> None:
+        self.port = _free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "swerl.cli",
+            "exec",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--node-id",
+            node_id,
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            "info",
+        ]
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": TOKEN},
+                start_new_session=True,
+            )
+        self.channel = make_channel(f"127.0.0.1:{self.port}", token=TOKEN)
+        self.client = SandboxClient(self.channel)
+
+    async def serving(self, within_s: float = 60.0) -> None:
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + within_s
+        while True:
+            assert self.process.poll() is None, "the node exited"
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                check = await health.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                if check.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            assert time.monotonic() < deadline, "the node did not start serving"
+            await asyncio.sleep(0.1)
+
+    async def kill(self) -> None:
+        await self.channel.close(grace=None)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(self.process.wait)
+
+
+def _in_container(sandbox_id: str, script: str) -> int:
+    client = docker.from_env()
+    try:
+        container = client.containers.get(f"swerl-{sandbox_id}")
+        return int(container.exec_run(["bash", "-c", script]).exit_code)
+    finally:
+        client.close()
+
+
+def _remove_containers_of(node_id: str) -> None:
+    client = docker.from_env()
+    try:
+        for container in client.containers.list(
+            all=True, filters={"label": f"swerl.node={node_id}"}
+        ):
+            container.remove(force=True)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["isolated", "session"])
+async def test_a_command_whose_node_was_killed_is_ended_when_the_restarted_node_adopts_it(
+    base_image, tmp_path, session
+):
+    node_id = "test-orphan-" + uuid.uuid4().hex[:8]
+    state_dir = tmp_path / "state"
+    log_path = tmp_path / "node.log"
+    nodes: list[_NodeProcess] = []
+    try:
+        first = _NodeProcess(node_id, state_dir, log_path)
+        nodes.append(first)
+        await first.serving()
+        request = pb.CreateSandboxRequest(image=base_image, workdir="/tmp", ttl={"seconds": 600})
+        sid = (await first.client.stub.CreateSandbox(request, timeout=RPC_TIMEOUT_S)).sandbox
+        sandbox_id = sid.sandbox_id
+        running = asyncio.ensure_future(
+            first.client.run(sandbox_id, ORPHAN, timeout_s=600, session=session)
+        )
+        deadline = time.monotonic() + 30
+        while await asyncio.to_thread(_in_container, sandbox_id, ALIVE) != 0:
+            assert not running.done(), running
+            assert time.monotonic() < deadline, "the command never started"
+            await asyncio.sleep(0.1)
+
+        await first.kill()
+        with contextlib.suppress(BaseException):
+            await running
+        # Nothing ends it while no node runs: the test would catch a node that did nothing.
+        await asyncio.sleep(1.0)
+        assert await asyncio.to_thread(_in_container, sandbox_id, ALIVE) == 0
+
+        second = _NodeProcess(node_id, state_dir, log_path)
+        nodes.append(second)
+        await second.serving()
+        deadline = time.monotonic() + 10
+        while await asyncio.to_thread(_in_container, sandbox_id, ALIVE) == 0:
+            assert time.monotonic() < deadline, "the orphaned command still runs 10 s after"
+            await asyncio.sleep(0.1)
+        after = await second.client.run(sandbox_id, "echo ok", timeout_s=30, session=session)
+        assert (after.exit_code, after.stdout) == (0, b"ok\n")
+        destroyed = await second.client.stub.DestroySandbox(
+            pb.DestroySandboxRequest(sandbox_id=sandbox_id), timeout=RPC_TIMEOUT_S
+        )
+        assert destroyed.existed
+    finally:
+        for node in nodes:
+            await node.kill()
+        await asyncio.to_thread(_remove_containers_of, node_id)
