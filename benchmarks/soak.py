@@ -163,6 +163,8 @@ class Soak:
         self.t0 = 0.0
         self.memory_before: dict[str, int] = {}
         self.faults_over = asyncio.Event()  # every planned fault injected (or given up)
+        # Fault kind -> reasons of the failures attributed to it (filled by `attribute`).
+        self.reasons_by_fault: dict[str, Counter[str]] = {}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -371,6 +373,24 @@ _CAUSES = {
 }
 
 
+# What the node told the agent, inside the agent's message, names the fault more precisely than
+# the agent's reason does: a dockerd that went away, or the node's socket closed under a call.
+_NODE_CAUSES = (
+    ("DOCKER_UNAVAILABLE", ("dockerd_restart",)),
+    ("Socket closed", ("node_kill",)),
+    ("Connection reset by peer", ("node_kill",)),
+)
+
+
+def _causes(episode: Episode) -> tuple[str, ...]:
+    causes = _CAUSES.get(episode.reason or episode.status, ())
+    if causes is _SANDBOX_FAULTS:
+        for needle, precise in _NODE_CAUSES:
+            if needle in episode.message:
+                return precise
+    return causes
+
+
 def attribute(
     soak: Soak,
 ) -> tuple[dict[str, list[float]], list[Episode], list[str], list[str]]:
@@ -382,6 +402,7 @@ def attribute(
     latencies by fault kind, the failures no fault explains, one line per failure, and the
     lines of the callers told more than SLOW_TOLD_S after their fault."""
     told: dict[str, list[float]] = {f.kind: [] for f in soak.faults}
+    soak.reasons_by_fault = {f.kind: Counter() for f in soak.faults}
     unexplained = []
     lines: list[str] = []
     slow: list[str] = []
@@ -401,10 +422,11 @@ def attribute(
             unexplained.append(episode)
             lines.append(f"{what}: no fault ({episode.message})")
             continue
-        causes = [f for f in hits if f.kind in _CAUSES.get(episode.reason or episode.status, ())]
+        causes = [f for f in hits if f.kind in _causes(episode)]
         fault = min(causes or hits, key=lambda f: f.injected)
         latency = episode.ended - max(fault.injected, episode.started)
         told[fault.kind].append(latency)
+        soak.reasons_by_fault[fault.kind][episode.reason or episode.status] += 1
         line = f"{what}: {fault.kind} {fault.target} +{latency:.2f} s ({episode.message})"
         lines.append(line)
         if latency > SLOW_TOLD_S:
@@ -457,6 +479,16 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
         "faults": [asdict(f) for f in soak.faults],
         "fault_kinds_injected": sorted({f.kind for f in injected}),
         "told_s": {k: [round(x, 3) for x in v] for k, v in told.items()},
+        # Fault kind -> how many were injected, and the INFRA_ERRORs and caller errors each
+        # caused, by reason (what the caller was told).
+        "by_fault": {
+            kind: {
+                "injected": sum(1 for f in injected if f.kind == kind),
+                "errors": len(told[kind]),
+                "reasons": dict(soak.reasons_by_fault[kind]),
+            }
+            for kind in told
+        },
         "told_p50_s": round(percentile(all_told, 50), 2),
         "told_p99_s": round(percentile(all_told, 99), 2),
         "told_max_s": round(max(all_told, default=0.0), 2),
@@ -521,15 +553,22 @@ def print_report(r: dict) -> None:
     print(f"  {'fault':16s} {'target':13s} {'at s':>7s} {'recov s':>8s}")
     for f in r["faults"]:
         print(f"  {f['kind']:16s} {f['target']:13s} {f['injected']:7.1f} {f['recovered']:8.1f}")
-    print(f"  {'fault kind':16s} {'callers told':>12s} {'p50 s':>7s} {'p99 s':>7s} {'max s':>7s}")
+    print(
+        f"  {'fault kind':16s} {'faults':>6s} {'callers told':>12s} {'per fault':>9s}"
+        f" {'p50 s':>7s} {'p99 s':>7s} {'max s':>7s}  reasons"
+    )
     for kind, values in r["told_s"].items():
+        row = r.get("by_fault", {}).get(kind, {"injected": 0, "reasons": {}})
+        per = len(values) / row["injected"] if row["injected"] else 0.0
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(row["reasons"].items())) or "-"
         if values:
             print(
-                f"  {kind:16s} {len(values):12d} {percentile(values, 50):7.2f}"
-                f" {percentile(values, 99):7.2f} {max(values):7.2f}"
+                f"  {kind:16s} {row['injected']:6d} {len(values):12d} {per:9.1f}"
+                f" {percentile(values, 50):7.2f} {percentile(values, 99):7.2f}"
+                f" {max(values):7.2f}  {reasons}"
             )
         else:
-            print(f"  {kind:16s} {0:12d}")
+            print(f"  {kind:16s} {row['injected']:6d} {0:12d} {per:9.1f}")
     print(
         f"  fault -> affected callers told: p50 {r['told_p50_s']} s, p99 {r['told_p99_s']} s,"
         f" max {r['told_max_s']} s"
@@ -558,6 +597,9 @@ def failures(r: dict) -> list[str]:
         found.append(f"{r['lost']} episodes lost")
     if r["sandboxes_left"]:
         found.append(f"{len(r['sandboxes_left'])} sandboxes left")
+    # Every INFRA_ERROR (and caller error) has a cause: one no fault explains is a finding.
+    if r.get("infra_unexplained"):
+        found.append(f"{len(r['infra_unexplained'])} infra failures no fault explains")
     total = r["finished_with_result"] + r["ended_with_error_at_caller"] + r["lost"]
     if not total == r["started"] == r["episodes"]:
         found.append(f"counts do not add up: {total} ended, {r['started']} started")

@@ -111,7 +111,16 @@ def _replay_serve(args: argparse.Namespace) -> int:
 
 
 # Packages that add subcommands through a `register(subparsers)` function in their `cli` module.
-_REGISTERED: tuple[str, ...] = ("pool", "data", "images", "prm", "agent", "evaluation", "web")
+_REGISTERED: tuple[str, ...] = (
+    "pool",
+    "data",
+    "images",
+    "prm",
+    "agent",
+    "evaluation",
+    "web",
+    "e2b",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -153,6 +153,26 @@ class Dockerd:
     def client(self) -> docker.DockerClient:
         return docker.DockerClient(base_url=self.host, timeout=120)
 
+    def restart(self) -> None:
+        """SIGTERM (dockerd stops its containers, as on a host's `systemctl restart docker`),
+        then the same dockerd again on the same root, socket and bridge; returns once it
+        answers."""
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        self.process = _spawn_dockerd(self.root, self.bridge)
+        _wait_until(self._answers, 60, f"dockerd at {self.host} after a restart")
+
+    def _answers(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"dockerd exited; see {self.root / 'dockerd.log'}")
+        try:
+            client = self.client()
+            client.ping()
+            client.close()
+            return True
+        except Exception:
+            return False
+
     def stop(self) -> None:
         """Removes its containers, stops it (and its containerd), deletes its directories."""
         with contextlib.suppress(Exception):
@@ -201,45 +221,38 @@ def start_dockerd(root: Path, *, base_image: str | None = None) -> Dockerd:
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    log = open(root / "dockerd.log", "ab")  # the child holds it open
     bridge = create_bridge()
-    process = subprocess.Popen(
-        [
-            "dockerd",
-            f"--data-root={root / 'data'}",
-            f"--exec-root={root / 'exec'}",
-            f"--pidfile={root / 'dockerd.pid'}",
-            f"--host=unix://{root / 'docker.sock'}",
-            f"--bridge={bridge}",
-            "--iptables=false",
-            "--ip-masq=false",
-            "--storage-driver=overlay2",
-        ],
-        stdout=log,
-        stderr=log,
-    )
-    log.close()
-    dockerd = Dockerd(root=root, process=process, bridge=bridge)
-
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"dockerd exited; see {root / 'dockerd.log'}")
-        try:
-            client = dockerd.client()
-            client.ping()
-            client.close()
-            return True
-        except Exception:
-            return False
-
+    dockerd = Dockerd(root=root, process=_spawn_dockerd(root, bridge), bridge=bridge)
     try:
-        _wait_until(answers, 60, f"dockerd at {dockerd.host}")
+        _wait_until(dockerd._answers, 60, f"dockerd at {dockerd.host}")
         if base_image:
             copy_image(base_image, dockerd.host)
     except BaseException:
         dockerd.stop()
         raise
     return dockerd
+
+
+def _spawn_dockerd(root: Path, bridge: str) -> subprocess.Popen[bytes]:
+    log = open(root / "dockerd.log", "ab")  # the child holds it open
+    try:
+        return subprocess.Popen(
+            [
+                "dockerd",
+                f"--data-root={root / 'data'}",
+                f"--exec-root={root / 'exec'}",
+                f"--pidfile={root / 'dockerd.pid'}",
+                f"--host=unix://{root / 'docker.sock'}",
+                f"--bridge={bridge}",
+                "--iptables=false",
+                "--ip-masq=false",
+                "--storage-driver=overlay2",
+            ],
+            stdout=log,
+            stderr=log,
+        )
+    finally:
+        log.close()
 
 
 def copy_image(image: str, docker_host: str) -> None:

@@ -61,6 +61,7 @@ LAYER_OF_PREFIX = {
     "swerl.tasks": TOOLS,
     "swerl.data": TOOLS,
     "swerl.stack": TOOLS,
+    "swerl.e2b": TOOLS,
 }
 # Tools and the plugin are both clients of the services; neither builds on the other.
 SIBLINGS_APART = {(TOOLS, PLUGIN), (PLUGIN, TOOLS)}

@@ -230,9 +230,10 @@ def _replay_problem(
         except replay.InvalidReplayRecord as err:
             return ("INVALID_TOKEN_RECORD", str(err))
         if spec.top_p and not record.top_p_token_offsets:
-            return (
-                "NO_TOP_P_TOKENS",
-                "top-p replay is on (--rollout-top-p < 1) but a token record has no top-p sets",
+            raise replay.TopPReplayError(
+                f"--rollout-top-p < 1 but episode {outcome.episode_id} came back without top-p"
+                " sets: the policy engine returns none (stock SGLang; only slime's patched"
+                " SGLang does); use --rollout-top-p 1.0 or slime's SGLang build"
             )
         if not spec.routed_experts:
             continue

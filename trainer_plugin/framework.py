@@ -264,3 +264,27 @@ def clone_sample(sample: Any) -> Any:
         sample.metadata = metadata
     clone.metadata = dict(metadata or {})
     return clone
+
+
+# miles' adapter names (radixark/miles 31f1ca96): utils/lora.py:3 and utils/multi_lora.py:191-194.
+MILES_LORA_ADAPTER_NAME = "miles_lora"
+MILES_SLOT_LORA_PREFIX = "__miles_slot_"
+
+
+def lora_path(framework: str, args: Any, sample: Any) -> str:
+    """The LoRA adapter miles would name on every `/generate` of this sample ("" = the base
+    model), as its own rollout does (rollout/sglang_rollout.py:184-200): the multi-LoRA slot's
+    adapter when the sample carries one, else "miles_lora" whenever LoRA is on for the
+    rollout (`--lora-rank` > 0 or `--lora-adapter-path`, not `--lora-train-only`;
+    utils/lora.py:6-17). slime has no LoRA flags, so "" there."""
+    if framework != "miles":
+        return ""
+    adapter = getattr(sample, "adapter", None)
+    if adapter is not None and getattr(adapter, "slot", None) is not None:
+        return f"{MILES_SLOT_LORA_PREFIX}{adapter.slot}"
+    lora_on = (getattr(args, "lora_rank", 0) or 0) > 0 or getattr(
+        args, "lora_adapter_path", None
+    ) is not None
+    if lora_on and not getattr(args, "lora_train_only", False):
+        return MILES_LORA_ADAPTER_NAME
+    return ""

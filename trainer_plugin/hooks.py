@@ -29,10 +29,15 @@ from google.protobuf import struct_pb2
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
 from swerl.exec.sweinstance import InstanceError, sample_instance
-from swerl.trainer_plugin import branching, convert, framework, metrics, rewards
+from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.prefetch import prefetcher
-from swerl.trainer_plugin.replay import ROUTING_REPLAY_FLAG, ReplaySpec, RoutingReplayError
+from swerl.trainer_plugin.replay import (
+    ROUTING_REPLAY_FLAG,
+    ReplaySpec,
+    RoutingReplayError,
+    TopPReplayError,
+)
 from swerl.trainer_plugin.settings import PluginSettings, plugin_settings
 
 INVALID_INSTANCE = "INVALID_INSTANCE"
@@ -64,6 +69,12 @@ class GenerateCall:
     def per_turn(self) -> bool:
         """Dynamic history: one sample per turn (never for evaluation)."""
         return self.settings.dynamic_history and not self.evaluation
+
+    @property
+    def chains(self) -> bool:
+        """Whether a trimmed whole trajectory may come back as a list of chains (never for
+        evaluation, whose counts are per episode; see refusals.lists_allowed)."""
+        return not self.evaluation and refusals.lists_allowed(self.args, self.framework_name)
 
     def aborted(self) -> bool:
         """The framework's abort flag (of `state`, or its singleton)."""
@@ -145,7 +156,7 @@ async def _generate_alone(
             per_turn=call.per_turn,
             decode=decode,
             spec=spec,
-            chains=not call.evaluation,
+            chains=call.chains,
         )
     )
 
@@ -191,6 +202,8 @@ async def _run_one_episode(
     _log_outcome(outcome)
     if spec.routed_experts:
         check_routing_replay(outcome)
+    if spec.top_p:
+        check_top_p_replay(outcome)
     return outcome
 
 
@@ -324,7 +337,7 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 per_turn=per_turn,
                 decode=decode,
                 spec=spec,
-                chains=not call.evaluation,
+                chains=call.chains,
             )
             lists[i] = out if isinstance(out, list) else [out]
             branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
@@ -374,6 +387,9 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
     also applies no dynamic filter, so infra placeholders reach training there, where they are
     loss-masked (`remove_sample`) and left out of the reward statistics by post_process_rewards.
     """
+    refused = refusals.refusal(args, framework_name, dynamic_history=settings.dynamic_history)
+    if refused is not None:
+        raise PluginConfigError(refused)
     if framework_name == "miles" or not settings.dynamic_history:
         return
     path = str(getattr(args, "rollout_function_path", "") or "")
@@ -382,6 +398,22 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             f"--rollout-function-path {path} (slime's fully-async rollout) cannot take the "
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
+        )
+
+
+def check_top_p_replay(outcome: EpisodeOutcome) -> None:
+    """Stops the run when `--rollout-top-p < 1` meets an engine that returns no top-p sets
+    (stock SGLang; only slime's patched v0.5.15.post1 returns them): the agent ends every such
+    episode INFRA_ERROR, and dropping them would resample forever."""
+    result = outcome.result
+    if (
+        result is not None
+        and result.status == agent_pb2.EPISODE_STATUS_INFRA_ERROR
+        and "top_p_token_ids" in result.error_message
+    ):
+        raise TopPReplayError(
+            "--rollout-top-p < 1 but the policy engine returns no top-p sets (stock SGLang; "
+            f"only slime's patched SGLang does): {result.error_reason}; use --rollout-top-p 1.0"
         )
 
 
@@ -556,6 +588,7 @@ def build_start(
             tokenizer_path=tokenizer_path(args, settings),
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
+            lora_path=framework.lora_path(framework.find(settings.framework), args, sample),
         ),
         limits=agent_client.episode_limits(
             max_turns=settings.max_turns,

@@ -34,6 +34,12 @@ class RoutingReplayError(RuntimeError):
     """Routing replay is on but the episodes cannot give the trainer routed experts."""
 
 
+class TopPReplayError(RuntimeError):
+    """`--rollout-top-p < 1` but the policy engine returns no top-p sets: stock SGLang has
+    none (only slime's patched build, docker/patch/v0.5.15.post1/sglang-top_p.patch, returns
+    them), so every episode would be dropped and the rollout would resample forever."""
+
+
 class InvalidReplayRecord(ValueError):
     """A token record's replay data contradicts its own tokens."""
 

@@ -50,12 +50,14 @@ def _write(
     (directory / "traj.json").write_text(json.dumps(traj, indent=1))
     (directory / "patch.diff").write_bytes(patch)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
-    if result.HasField("trajectory") or result.turns:
+    if result.HasField("trajectory") or result.turns or result.chains:
         tokens = {
             "trajectory": _token_record(result.trajectory)
             if result.HasField("trajectory")
             else None,
             "turns": [_token_record(turn) for turn in result.turns],
+            # A trimmed whole trajectory: one record per chain (EpisodeResult.chains).
+            "chains": [_token_record(chain) for chain in result.chains],
         }
         (directory / "tokens.json").write_text(json.dumps(tokens, separators=(",", ":")))
     return str(directory)

@@ -2,7 +2,7 @@
 
     start = episode_start(episode_id="ep-1", instance=instance, policy=policy,
                           limits=episode_limits(max_turns=30, wall_timeout_s=1800))
-    async with open_episode(stub, start, timeout=900) as episode:
+    async with await open_episode(stub, start, timeout=900) as episode:
         async for message in episode.messages():   # started, turns, PRM scores, evaluation
             ...                                    # await episode.cancel("why") to stop it
     episode.result                                 # the (last) EpisodeResult, or None

@@ -65,6 +65,10 @@ class AgentConfig:
     # tool_calls: a reply whose calls all failed counts as a format error; this many in a row
     # end the episode FORMAT_ERRORS-limited (0: only the turn limit applies).
     max_format_errors: int = 0
+    # Earlier turns' reasoning in later prompts: `keep` (as sampled: one token chain) or `drop`
+    # (left out, as Qwen3's template does before the last user message: a new chain each turn
+    # whose reply had reasoning).
+    history_reasoning: str = "keep"
 
     @property
     def tool_calls(self) -> bool:
@@ -127,7 +131,17 @@ def load_config(name: str = "") -> AgentConfig:
         tool_call_parser=str(raw.get("tool_call_parser", "")),
         reasoning_parser=str(raw.get("reasoning_parser") or ""),
         max_format_errors=int(raw.get("max_format_errors", 0)),
+        history_reasoning=_history_reasoning(name, raw.get("history_reasoning", "keep")),
     )
+
+
+def _history_reasoning(name: str, value: object) -> str:
+    if value not in ("keep", "drop"):
+        raise UnknownConfig(
+            f"agent config {name!r}: history_reasoning {value!r} is not keep or drop",
+            config_name=name,
+        )
+    return str(value)
 
 
 def _tool_schemas(name: str, names: list[Any]) -> tuple[dict[str, Any], ...]:

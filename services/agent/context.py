@@ -41,6 +41,7 @@ class ContextWindow:
         header_ids: list[int],
         marker_ids: Callable[[int], list[int]],
         policy: ContextPolicy,
+        history_ids: Callable[[Sequence[int]], Sequence[int]] | None = None,
     ) -> None:
         # Ids are int32 arrays (see tokens.py): appending, copying a prompt out and the
         # policy's prefix check are memcpy-speed, and the garbage collector never walks them.
@@ -48,6 +49,11 @@ class ContextWindow:
         self._header = header_ids
         self._marker_ids = marker_ids
         self.policy = policy
+        # How an earlier response appears in later prompts (None: as sampled). The agent
+        # config's `history_reasoning: drop` leaves its reasoning out, as Qwen3's template does
+        # for turns before the last user message; such a prompt no longer extends the last one,
+        # so the trajectory forks into chains there (tokens.py).
+        self._history_ids = history_ids
         self._units: list[Unit] = []
         self._head_end: int | None = None  # units [0, head_end) kept for good once cut
         self._tail_start = 0  # first unit after the omitted range
@@ -61,7 +67,7 @@ class ContextWindow:
     def append(self, unit: Unit) -> None:
         """A finished turn (its response and delta) joins the prompt."""
         self._units.append(unit)
-        self._prompt.extend(token_array(unit.response_ids))
+        self._prompt.extend(self._in_history(unit))
         self._prompt.extend(token_array(unit.delta_ids))
 
     def fits(self, max_new_tokens: int) -> bool:
@@ -118,7 +124,7 @@ class ContextWindow:
         assert self._head_end is not None
         prompt = self._first[:]
         for unit in self._units[: self._head_end]:
-            prompt.extend(token_array(unit.response_ids))
+            prompt.extend(self._in_history(unit))
             prompt.extend(token_array(unit.delta_ids))
         # Every unit (and the first prompt) ends with the assistant header: the marker, a user
         # message, goes before it.
@@ -126,6 +132,11 @@ class ContextWindow:
         prompt.extend(self._marker_ids(self.omitted_turns))
         prompt.extend(self._header)
         for unit in self._units[self._tail_start :]:
-            prompt.extend(token_array(unit.response_ids))
+            prompt.extend(self._in_history(unit))
             prompt.extend(token_array(unit.delta_ids))
         self._prompt = prompt
+
+    def _in_history(self, unit: Unit) -> array:
+        if self._history_ids is None:
+            return token_array(unit.response_ids)
+        return token_array(self._history_ids(unit.response_ids))

@@ -120,8 +120,11 @@ class TokenMode:
         omission_text: Callable[[int], str],
         executor: Executor | None = None,
         tokenizer_pool: Executor | None = None,
+        drop_reasoning: bool = False,
     ) -> None:
         self._client = client
+        # Earlier turns' reasoning left out of later prompts (agent config history_reasoning).
+        self._drop_reasoning = drop_reasoning
         self._codec = codec
         self._max_context_tokens = max_context_tokens
         self._max_new_tokens = max_new_tokens
@@ -140,11 +143,15 @@ class TokenMode:
         def marker(n: int) -> list[int]:
             return codec.user_message_ids(self._omission_text(n))
 
+        def without_reasoning(ids: Sequence[int]) -> list[int]:
+            return codec.strip_reasoning(ids)
+
         self._window = ContextWindow(
             self._trajectory.prompt_ids,
             codec.header_ids,
             marker,
             ContextPolicy(self._max_context_tokens),
+            history_ids=without_reasoning if self._drop_reasoning else None,
         )
         return len(prompt_ids)
 
@@ -259,6 +266,7 @@ class TokenMode:
             omission_text=self._omission_text,
             executor=self._executor,
             tokenizer_pool=self._tokenizer_pool,
+            drop_reasoning=self._drop_reasoning,
         )
         # One deepcopy of both, so the copy's window shares the copy's arrays as the original
         # does; the window's marker function (codec and template only) is shared as is.

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from swerl.agent.context import ContextExhausted
 from swerl.agent.tokens import token_array
 from swerl.chassis.retry import async_retrying
 
@@ -74,6 +75,15 @@ class ChatPolicy(Protocol):
 def _connect_failed(exc: BaseException) -> bool:
     # Raised before any byte of the request was accepted: safe to send again.
     return isinstance(exc, aiohttp.ClientConnectorError)
+
+
+def over_context_length(body: bytes) -> bool:
+    """Whether an HTTP 400 body is SGLang refusing a prompt over the engine's context length:
+    `TokenizerManager._validate_one_request` raises "The input (...) is longer than the model's
+    context length (...)" or "Requested token count exceeds the model's maximum context length
+    of ..." (input + reserved >= context_len; max_new + input + reserved > context_len), which
+    `/generate` answers with 400. The episode's own context limit, not an infra failure."""
+    return b"context length" in body.lower()
 
 
 def connect_retrying(attempts: int, max_delay_s: float) -> Any:
@@ -156,6 +166,10 @@ def parse_generate_reply(
         reply = reply[0]
     meta = reply.get("meta_info") or {}
     pairs = meta.get("output_token_logprobs")
+    if pairs is None and _finish_type(meta) == "abort":
+        # An abort may come back without logprob fields (slime sglang_rollout.py:206-210 and
+        # miles generate_endpoint_utils.py:87-91 tolerate it): an aborted turn, not a bad reply.
+        return Generation(output_ids=[], logprobs=[], finish_reason="abort")
     if pairs is None:
         raise PolicyUnavailable(
             "the policy reply has no meta_info.output_token_logprobs (return_logprob ignored?)",
@@ -223,8 +237,7 @@ class SglangPolicy:
             routed_experts=return_routed_experts,
         )
         self._extra = ',"return_routed_experts":true' if return_routed_experts else ""
-        if lora_path:
-            # SGLang's LoRA adapter name (as miles sends it); absent serves the base model.
+        if lora_path:  # SGLang samples from the base model when a call names no adapter
             self._extra += ',"lora_path":' + json.dumps(lora_path)
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -290,6 +303,11 @@ class SglangPolicy:
                         timeout=self._timeout,
                     ) as response:
                         raw = await response.read()
+                        if response.status == 400 and over_context_length(raw):
+                            raise ContextExhausted(
+                                "the policy engine refused the prompt as longer than its"
+                                f" context length: {raw[:300].decode(errors='replace')}"
+                            )
                         if response.status != 200:
                             raise PolicyUnavailable(
                                 f"policy server answered HTTP {response.status}:"
@@ -297,7 +315,7 @@ class SglangPolicy:
                                 reason="POLICY_ERROR",
                             )
                         return raw
-        except PolicyUnavailable:
+        except (PolicyUnavailable, ContextExhausted):
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise PolicyUnavailable(

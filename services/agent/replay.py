@@ -236,12 +236,12 @@ def scripts_for_tasks(
 @dataclass(frozen=True)
 class ReplayCall:
     """One /generate request: its HTTP headers, the script key it matched (None: none) and
-    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy."""
+    its sampling_seed (None: none sent), so tests can check a branch's seed reached the policy,
+    and the LoRA adapter it named (`lora_path`; None: the base model)."""
 
     headers: dict[str, str]
     script_key: str | None
     sampling_seed: int | None = None
-    # The request's SGLang LoRA adapter name (None: none sent, the base model).
     lora_path: str | None = None
 
 
@@ -271,6 +271,7 @@ class ReplayPolicyServer:
         threads: int = 4,
         keep_requests: bool = False,
         fault_control: bool = False,
+        context_length: int = 0,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
@@ -288,6 +289,9 @@ class ReplayPolicyServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.fault_control = fault_control
+        # The engine's context length (0: unlimited): a longer request is refused with HTTP 400
+        # as SGLang's tokenizer manager does (`_validate_one_request`).
+        self.context_length = context_length
         # The injected fault ("error" or "hang") and the monotonic time its window ends.
         self._fault = ("none", 0.0)
 
@@ -346,6 +350,9 @@ class ReplayPolicyServer:
             # Held until the window ends (bounded by MAX_FAULT_S), then answered as usual: a
             # caller with a shorter request timeout has given up by then.
             await asyncio.sleep(max(0.0, until - time.monotonic()))
+        refused = self._over_context_length(raw)
+        if refused:
+            return web.json_response({"error": {"message": refused}}, status=400)
         loop = asyncio.get_running_loop()
         headers = dict(request.headers)
         reply = await loop.run_in_executor(self._pool, self._answer, raw, headers)
@@ -365,13 +372,9 @@ class ReplayPolicyServer:
         turn += sum(int(n) for n in _OMITTED.findall(text))
         key = None if self.garbage else self._key_for(text)
         seed = params.get("sampling_seed")
-        lora = body.get("lora_path")
         self.stats.calls.append(
             ReplayCall(
-                headers or {},
-                key,
-                None if seed is None else int(seed),
-                None if lora is None else str(lora),
+                headers or {}, key, None if seed is None else int(seed), body.get("lora_path")
             )
         )
         script = None if key is None else self.scripts[key]
@@ -414,6 +417,28 @@ class ReplayPolicyServer:
             meta["routed_experts_start_len"] = 0
         out = {"text": self.tokenizer.decode(ids, skip_special_tokens=True), "meta_info": meta}
         return json.dumps(out).encode()
+
+    def _over_context_length(self, raw: bytes) -> str:
+        """SGLang's refusal of a request over the context length ("" when it fits): the input
+        alone reaching it, or input + max_new_tokens exceeding it (SGLang
+        tokenizer_manager.py `_validate_one_request`, no reserved tokens here)."""
+        if not self.context_length:
+            return ""
+        body = json.loads(raw)
+        n = len(body.get("input_ids") or [])
+        max_new = int((body.get("sampling_params") or {}).get("max_new_tokens") or 0)
+        if n >= self.context_length:
+            return (
+                f"The input ({n} tokens) is longer than the model's context length"
+                f" ({self.context_length} tokens)."
+            )
+        if n + max_new > self.context_length:
+            return (
+                "Requested token count exceeds the model's maximum context length of"
+                f" {self.context_length} tokens. You requested a total of {n + max_new} tokens:"
+                f" {n} tokens from the input messages and {max_new} tokens for the completion."
+            )
+        return ""
 
     def _key_for(self, text: str) -> str | None:
         for key in self.scripts:

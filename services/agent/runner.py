@@ -245,6 +245,7 @@ class EpisodeRunner:
             eval_timeout_s=seconds_of(limits.eval_timeout) or d.eval_timeout_s,
             dynamic_history=opts.dynamic_history,
             return_routed_experts=start.policy.return_routed_experts,
+            lora_path=start.policy.lora_path,
             artifact_dir=opts.artifact_dir,
             skip_evaluation=opts.skip_evaluation,
             env=dict(opts.env),
@@ -280,6 +281,7 @@ class EpisodeRunner:
                 retrying=self._policy_retrying,
                 headers=headers,
                 return_routed_experts=spec.return_routed_experts,
+                lora_path=spec.lora_path,
             )
             config = spec.config
 
@@ -294,6 +296,7 @@ class EpisodeRunner:
                 omission_text=omission_text,
                 executor=self.executor,
                 tokenizer_pool=self.tokenizer_pool,
+                drop_reasoning=config.history_reasoning == "drop",
             )
         key = settings.openai_api_key
         chat = OpenAIChatPolicy(

@@ -31,6 +31,8 @@ class EpisodeSpec:
     eval_timeout_s: float
     dynamic_history: bool = False
     return_routed_experts: bool = False
+    # PolicyConfig.lora_path: the adapter every policy call names ("" = the base model).
+    lora_path: str = ""
     artifact_dir: str = ""
     skip_evaluation: bool = False
     env: dict[str, str] = field(default_factory=dict)

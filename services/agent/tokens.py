@@ -78,6 +78,15 @@ class ChatCodec:
             raise TemplateMismatch("empty assistant header or end-of-turn")
         # The end-of-turn token the policy emits itself when it stops (Qwen: <|im_end|>).
         self.end_of_turn_id = self.close_ids[0]
+        # Reasoning markers as single tokens (Qwen3: <think>, </think>), and the tokens made of
+        # newlines only, for `strip_reasoning` (None when the tokenizer has no such tokens).
+        vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+        self.think_ids = (
+            (vocab["<think>"], vocab["</think>"])
+            if "<think>" in vocab and "</think>" in vocab
+            else None
+        )
+        self._newline_ids = {i for n in range(1, 5) for i in self.encode("\n" * n)}
         # Deltas are measured without the tools when the template writes the messages after an
         # assistant turn the same either way (Qwen3 declares tools in the system block only):
         # rendering every tool schema again each turn was most of a tool turn's bookkeeping.
@@ -165,6 +174,21 @@ class ChatCodec:
         if response_ids and response_ids[-1] == self.end_of_turn_id:
             ids = ids[1:]
         return ids
+
+    def strip_reasoning(self, response_ids: Sequence[int]) -> list[int]:
+        """A response as a template that drops earlier reasoning writes it: without its leading
+        `<think>...</think>` block and the newlines after it (ids cut, nothing re-tokenized)."""
+        ids = list(response_ids)
+        if self.think_ids is None or not ids or ids[0] != self.think_ids[0]:
+            return ids
+        try:
+            end = ids.index(self.think_ids[1])
+        except ValueError:
+            return ids  # reasoning cut off by the token limit: kept as sampled
+        rest = end + 1
+        while rest < len(ids) and ids[rest] in self._newline_ids:
+            rest += 1
+        return ids[rest:]
 
     def user_message_ids(self, text: str) -> list[int]:
         """A standalone user message (the context manager's omission marker), no header."""

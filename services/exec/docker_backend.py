@@ -2,11 +2,19 @@
 
 Keeping every SDK call here means the event loop never blocks on Docker, and the rest of the
 node speaks in plain Python values and swerl errors rather than docker exceptions.
+
+A blocking call cannot be interrupted, so a dockerd that hangs (SIGSTOP, a wedged daemon) would
+hold each caller for the Docker client's own timeout (two minutes). Instead the node's health
+watch (swerl.exec.health) pings on a thread of its own with a short bound and, when dockerd does
+not answer, calls `mark_down`: every call waiting on dockerd fails at once with
+DockerUnavailable (its thread is left to finish or time out unseen), and so does every new call
+until a ping answers again (`mark_up`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,11 +72,23 @@ class ContainerState:
     error: str
 
 
+def _drop_result(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
+
+
 class DockerBackend:
     def __init__(self, client: docker.DockerClient, *, threads: int = 32) -> None:
         self._client = client
         self._api = client.api
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
+        # Pings have a thread of their own: a pool full of calls stuck on a hung dockerd must
+        # not hold up the ping that finds out (nor the one that sees it answer again).
+        self._ping_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="docker-ping")
+        self._ping: concurrent.futures.Future[Any] | None = None
+        # Done while dockerd is down (mark_down): what every waiting call races against.
+        self._down: asyncio.Future[None] | None = None
+        self.down_message = ""
 
     @classmethod
     def from_env(cls, *, threads: int = 32, docker_host: str | None = None) -> DockerBackend:
@@ -86,25 +106,63 @@ class DockerBackend:
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
+        down = self._down_future(loop)
+        if down.done():
+            raise DockerUnavailable(self.down_message)
+        work = loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        await asyncio.wait((work, down), return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.add_done_callback(_drop_result)  # Its thread ends unseen, however it ends.
+            raise DockerUnavailable(self.down_message)
         try:
-            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+            return work.result()
         except docker.errors.DockerException:
             # Includes APIError/NotFound, which are also OSErrors: callers handle them.
             raise
         except OSError as exc:
             raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
 
+    def _down_future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        if self._down is None or self._down.get_loop() is not loop:
+            self._down = loop.create_future()
+        return self._down
+
+    def mark_down(self, message: str) -> None:
+        """dockerd does not answer: calls waiting on it, and new ones until `mark_up`, fail now
+        with DockerUnavailable(message)."""
+        self.down_message = message
+        down = self._down_future(asyncio.get_running_loop())
+        if not down.done():
+            down.set_result(None)
+
+    def mark_up(self) -> None:
+        """dockerd answers again: calls go to it again."""
+        if self._down is not None and self._down.done():
+            self._down = None
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._ping_pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     # -- daemon ---------------------------------------------------------------------------
-    async def ping(self) -> str:
-        """Docker's server version; raises DockerUnavailable when dockerd does not answer."""
+    async def ping(self, timeout_s: float | None = None) -> str:
+        """Docker's server version; raises DockerUnavailable when dockerd does not answer
+        (within `timeout_s`, when given). Not gated by `mark_down`: it is how dockerd's return is
+        seen. A ping still waiting on a hung dockerd is waited on again, not doubled."""
+        if self._ping is None or self._ping.done():
+            self._ping = self._ping_pool.submit(self._api.version)
         try:
-            version = await self._call(self._api.version)
+            answer = asyncio.shield(asyncio.wrap_future(self._ping))
+            version = await asyncio.wait_for(answer, timeout_s)
+        except asyncio.TimeoutError:
+            raise DockerUnavailable(
+                f"dockerd did not answer a ping within {timeout_s:g} s (hung or overloaded)"
+            ) from None
         except docker.errors.DockerException as exc:
             raise DockerUnavailable(f"dockerd unhealthy: {exc}") from exc
+        except OSError as exc:
+            raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
         return str(version.get("Version", "unknown"))
 
     async def host_resources(self) -> tuple[int, int]:

@@ -135,7 +135,12 @@ class SandboxManager:
         self._creating_images: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
         # dockerd's health (swerl.exec.health) and the housekeeping rounds (swerl.exec.reaper).
-        self.health = DockerHealth(backend, settings.docker_health_interval_s, on_docker_health)
+        self.health = DockerHealth(
+            backend,
+            settings.docker_health_interval_s,
+            on_docker_health,
+            ping_timeout_s=settings.docker_ping_timeout_s,
+        )
         self.reaper = SandboxReaper(
             settings, backend, lambda: list(self._records.values()), self.destroy
         )

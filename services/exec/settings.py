@@ -64,6 +64,12 @@ class ExecSettings(ServiceSettings):
         description="capabilities kept after dropping all (what root in a test suite needs)",
     )
     docker_health_interval_s: float = 2.0
+    docker_ping_timeout_s: float = Field(
+        4.0,
+        gt=0,
+        description="a health ping dockerd does not answer within this is a hung dockerd: the"
+        " node turns NOT_SERVING and its Docker calls in flight fail with DOCKER_UNAVAILABLE",
+    )
     docker_host: str | None = Field(
         None,
         description="dockerd this node drives, e.g. unix:///run/docker-b.sock (default: "

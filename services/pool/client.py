@@ -7,7 +7,8 @@
     await pool.close()
 
 The lease context renews the lease over one KeepAlive stream in the background (reconnecting
-with backoff while the pool restarts), watches for `lost`, and releases the lease on exit, even
+with backoff while the pool restarts, and meanwhile renewing the sandbox on its node directly, so
+a slow pool restart costs no lease), watches for `lost`, and releases the lease on exit, even
 when the body is cancelled. Calls are retried only where idempotent: AcquireLease and
 ReleaseLease carry a request_id, KeepAlive renewals are naturally idempotent.
 """
@@ -103,6 +104,8 @@ class Lease:
         self.lost_message = ""
         self._pool = pool
         self.ttl_s = ttl_s
+        # What the node is renewed by while the pool is away (ttl_s, or the pool's default).
+        self.hold_s = ttl_s or max(1.0, self.expire_time - time.time())
         self.interval_s = keepalive_interval_s
         self.channel = make_channel(
             self.node_address,
@@ -149,6 +152,21 @@ class Lease:
         return existed
 
 
+# What grpc's aio client reports when one of its own operations on a stream fails (a pool killed
+# while the client writes a renewal): the stream broke, the pool said nothing.
+_BROKEN_STREAM_DETAILS = "Internal error from Core"
+
+
+def _pool_away(exc: BaseException) -> bool:
+    """A KeepAlive stream that ended because the pool is away (or the stream broke): retried."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return True
+    return code == grpc.StatusCode.INTERNAL and exc.details() == _BROKEN_STREAM_DETAILS
+
+
 class _Keeper:
     """One KeepAlive stream for every lease a PoolClient holds.
 
@@ -156,6 +174,12 @@ class _Keeper:
     expiries (fresh tokens) and losses to their Lease objects. While the pool is away
     (UNAVAILABLE) it reconnects with the one backoff policy and renews everything at once on
     reconnect; it never gives a lease up by itself before the nodes would have reaped it.
+
+    A pool that is away renews nothing on the nodes, and a node reaps a sandbox at its own expiry
+    whatever the pool's state: a pool restart slower than the TTL (a loaded machine) would cost
+    every lease. So while the pool is away the keeper renews each due lease's sandbox on its node
+    itself (RenewSandbox, only ever moving the node's expiry later), until a reconnected stream
+    answers; the restarted pool then adopts the sandboxes with the expiry the holder kept.
     """
 
     def __init__(self, pool: PoolClient) -> None:
@@ -163,6 +187,7 @@ class _Keeper:
         self.leases: dict[str, Lease] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._bridge: asyncio.Task[None] | None = None  # Node renewals while the pool is away.
 
     def add(self, lease: Lease) -> None:
         # Renewed (and so watched for losses) on the stream at once.
@@ -177,6 +202,7 @@ class _Keeper:
         self._wake.set()
 
     async def close(self) -> None:
+        self._stop_bridge()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(BaseException):
@@ -188,20 +214,91 @@ class _Keeper:
             lease._set_lost(reason, message)
 
     async def _run(self) -> None:
+        try:
+            while self.leases:
+                try:
+                    async for attempt in async_retrying(
+                        max_attempts=_FOREVER,
+                        max_delay_s=_FOREVER,
+                        max_wait_s=2.0,
+                        retry_on=_pool_away,
+                    ):
+                        with attempt:
+                            await self._away_while(self._session())
+                except grpc.aio.AioRpcError as err:
+                    # Not a pool that is away (that is retried above): refused outright.
+                    for lease_id in list(self.leases):
+                        self._lose(
+                            lease_id,
+                            "UNSPECIFIED",
+                            f"KeepAlive failed: {err.code().name} {err.details()}",
+                        )
+                    return
+                if self.leases:
+                    await asyncio.sleep(0.2)
+        finally:
+            self._stop_bridge()
+
+    async def _away_while(self, session: Any) -> None:
+        """Runs one session; a pool found away starts the renewals on the nodes."""
+        try:
+            await session
+        except grpc.aio.AioRpcError as err:
+            if _pool_away(err) and self.leases:
+                if self._bridge is None or self._bridge.done():
+                    log.warning(
+                        "pool.away_renewing_on_nodes",
+                        leases=len(self.leases),
+                        code=err.code().name,
+                        details=err.details(),
+                    )
+                    self._bridge = asyncio.get_running_loop().create_task(
+                        self._renew_on_nodes(), name="pool.keeper.nodes"
+                    )
+            raise
+
+    def _stop_bridge(self) -> None:
+        if self._bridge is not None:
+            self._bridge.cancel()
+            self._bridge = None
+
+    async def _renew_on_nodes(self) -> None:
+        """While the pool is away: keeps each lease's sandbox alive on its node."""
+        next_renew: dict[str, float] = {}
         while self.leases:
-            try:
-                async for attempt in async_retrying(
-                    max_attempts=_FOREVER, max_delay_s=_FOREVER, max_wait_s=2.0
-                ):
-                    with attempt:
-                        await self._session()
-            except grpc.aio.AioRpcError as err:
-                # Not a pool that is away (that is retried above): refused outright.
-                for lease_id in list(self.leases):
-                    self._lose(lease_id, "UNSPECIFIED", f"KeepAlive failed: {err.code().name}")
-                return
-            if self.leases:
-                await asyncio.sleep(0.2)
+            now = time.monotonic()
+            due = [x for x in self.leases.values() if next_renew.get(x.lease_id, 0.0) <= now]
+            for lease in due:
+                next_renew[lease.lease_id] = now + lease.interval_s
+            await asyncio.gather(*(self._renew_on_node(lease) for lease in due))
+            wait = min(next_renew.get(x, now) for x in self.leases) - time.monotonic()
+            await asyncio.sleep(max(0.05, wait))
+
+    async def _renew_on_node(self, lease: Lease) -> None:
+        stub = lease.sandbox.stub
+        try:
+            got = await stub.GetSandbox(
+                exec_pb.GetSandboxRequest(sandbox_id=lease.sandbox_id), timeout=5.0
+            )
+            node_expire = _ts(got.sandbox.expire_time)
+            # Only ever later: the pool may have set the node's expiry further than our TTL.
+            if node_expire < time.time() + lease.hold_s:
+                renewed = await stub.RenewSandbox(
+                    exec_pb.RenewSandboxRequest(
+                        request_id=uuid.uuid4().hex,
+                        sandbox_id=lease.sandbox_id,
+                        ttl=duration_pb(lease.hold_s),
+                    ),
+                    timeout=5.0,
+                )
+                node_expire = _ts(renewed.sandbox.expire_time)
+            # The node keeps the sandbox that long: the lease is not given up before then.
+            lease.expire_time = max(lease.expire_time, node_expire)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND:
+                self._lose(lease.lease_id, "SANDBOX_LOST", "the node no longer has the sandbox")
+            else:  # The node is away too, or refuses: the pool will tell once it is back.
+                log.warning("pool.node_renew_failed", lease_id=lease.lease_id, code=err.code().name)
 
     async def _session(self) -> None:
         """One stream; returns when no lease is left or the pool ended the stream."""
@@ -237,6 +334,7 @@ class _Keeper:
         # read() rather than `async for`: the reader is cancelled from outside, and a
         # cancelled async generator of the call would be closed later from another task.
         while (response := await call.read()) is not grpc.aio.EOF:
+            self._stop_bridge()  # The pool answers again: it renews on the nodes itself.
             kind = response.WhichOneof("kind")
             if kind == "expiry_batch":
                 for expiry in response.expiry_batch.expiries:

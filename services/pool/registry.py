@@ -21,6 +21,7 @@ from swerl.pool.errors import (
     NodeIdMismatch,
     NodeNotFound,
     NodeRejected,
+    NodeSandboxGone,
     NodeUnreachable,
 )
 from swerl.pool.keepalive import Tokens
@@ -368,9 +369,12 @@ class NodeRegistry:
     def _adopt_lease(self, node: Node, sb: SandboxFacts, now: float) -> None:
         slack = self._settings.node_expiry_slack_s
         ttl = float(sb.labels.get(LABEL_TTL, "0") or 0) or self._settings.default_ttl_s
-        # The lease ran until about node expiry - slack; a holder whose renewals failed while
-        # the pool was away gets until the node's own expiry to reconnect.
-        expire = max(sb.expire_time - slack, min(sb.expire_time, now + slack))
+        # The lease ran until about node expiry - slack, but its holder could not renew with
+        # the pool while the pool was away (and cannot before the restarted pool serves): its
+        # time does not run meanwhile. It gets a whole TTL from now to reconnect, bounded at first
+        # by the node's own expiry (which the holder kept moving on the node, see
+        # swerl.pool.client) until the renewal below moves that too.
+        expire = max(sb.expire_time - slack, min(sb.expire_time, now + ttl))
         lease = Lease(
             lease_id=sb.lease_id,
             request_id=sb.labels.get(LABEL_REQUEST, ""),
@@ -391,6 +395,25 @@ class NodeRegistry:
         )
         self._tokens.issue(lease, ttl)
         self._state.admit(lease)
+        if expire < now + ttl:
+            self._state.spawn(self._renew_adopted(node, lease, now + ttl))
+
+    async def _renew_adopted(self, node: Node, lease: Lease, expire: float) -> None:
+        """Moves an adopted lease's expiry to `expire`, once the node keeps its sandbox that
+        long; a node that does not answer keeps the expiry it reported."""
+        slack = self._settings.node_expiry_slack_s
+        try:
+            node_expire = await node.conn.renew(lease.sandbox_id, expire - time.time() + slack)
+        except (NodeUnreachable, NodeRejected, NodeSandboxGone) as exc:
+            log.warning("pool.adopted_renew_failed", lease_id=lease.lease_id, error=str(exc))
+            return
+        if lease.state is not ACTIVE:
+            return
+        lease.node_expire_time = node_expire
+        wanted = min(expire, node_expire)
+        if wanted > lease.expire_time:  # An expiry only ever moves later.
+            lease.expire_time = wanted
+            self._tokens.issue(lease, lease.ttl_s)
 
     async def _destroy_stray(self, node: Node, sandbox_id: str) -> None:
         with contextlib.suppress(Exception):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from swerl.chassis.logging import configure_logging
@@ -38,18 +41,40 @@ def _scripted(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        await judge.start(args.port)
-        print(f"scripted judge serving /generate on {judge.url}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await judge.stop()
+        # The handlers go in before the server says it serves: a signal sent the moment it
+        # does must find them.
+        with _stop_signals() as stop:
+            await judge.start(args.port)
+            print(f"scripted judge serving /generate on {judge.url}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await judge.stop()
 
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    asyncio.run(main())
     return 0
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event set on the first SIGINT or SIGTERM while the block runs.
+
+    The loop's own handlers, not Python's KeyboardInterrupt: a process started with SIGINT
+    ignored (any background job of a non-interactive shell, so a test runner's or a script's
+    children) inherits SIG_IGN, Python then installs no SIGINT handler and asyncio.run() none
+    either, and the server never stopped on Ctrl-C or a supervisor's SIGINT. SIGTERM (what
+    systemd and docker send) stops it the same way.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

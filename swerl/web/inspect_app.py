@@ -133,6 +133,16 @@ async def token_page(request: web.Request) -> web.Response:
                 "counts": _counts(record),
             }
         )
+    for i, record in enumerate(tokens.get("chains") or []):
+        records.append(
+            {
+                "title": f"Chain {i} (trained as one sample; a trim starts the next)",
+                **_split(record, decode),
+                "trimmed": i > 0,
+                "trimmed_turns": set(),
+                "counts": _counts(record),
+            }
+        )
     turns = tokens.get("turns") or []
     for i, (record, trimmed) in enumerate(zip(turns, _trim_points(turns), strict=True)):
         records.append(

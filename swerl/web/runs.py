@@ -81,7 +81,7 @@ def _prm_mean(scores: list[dict[str, Any]]) -> float | None:
 def _token_count(tokens: dict[str, Any] | None) -> int:
     if not tokens:
         return 0
-    record = tokens.get("trajectory")
+    record = tokens.get("trajectory") or (tokens.get("chains") or [None])[-1]
     if record:
         return len(record["prompt_ids"]) + len(record["response_ids"])
     turns = tokens.get("turns") or []

@@ -51,6 +51,8 @@ async def test_tool_call_round_trip_reuses_the_sampled_ids_and_records_one_exact
         assert [c.kind for c in calls] == [CallKind.ROOT, CallKind.EXTEND]
         # The second prompt starts with the first prompt and the sampled ids, as they were.
         assert calls[1].reused_tokens == calls[0].token_count()
+        # Only the tool message after the recorded reply was rendered for the second call.
+        assert (calls[1].request_messages, calls[1].rendered_messages) == (4, 1)
         sent_first, got_first = env.replay.stats.requests_seen[0]
         sent_second, _ = env.replay.stats.requests_seen[1]
         assert sent_second[: len(sent_first) + len(got_first)] == sent_first + got_first

@@ -41,7 +41,7 @@ async def replay():
         await server.stop()
 
 
-async def _agent(gateway: bool) -> AgentServer:
+async def _agent(gateway: bool, max_sessions: int = 4096) -> AgentServer:
     settings = AgentSettings(
         host="127.0.0.1",
         port=0,
@@ -49,6 +49,7 @@ async def _agent(gateway: bool) -> AgentServer:
         log_level="warning",
         tokenizer_processes=0,
         gateway_port=0 if gateway else None,
+        gateway_max_sessions=max_sessions,
     )
     server = AgentServer(settings, provider=NoSandboxes())  # type: ignore[arg-type]
     await server.start()
@@ -91,7 +92,9 @@ async def _refused(call, code: grpc.StatusCode, reason: str) -> None:
 
 async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, replay) -> None:
     stub, _ = agent
-    opened = await stub.OpenSession(_open(replay.url), timeout=30)
+    request = _open(replay.url)
+    request.policy.lora_path = "policy-lora-7"
+    opened = await stub.OpenSession(request, timeout=30)
     assert opened.openai_base_url.endswith(f"/s/{opened.session_id}/v1")
     assert opened.anthropic_base_url.endswith(f"/s/{opened.session_id}")
     again = await stub.OpenSession(_open(replay.url), timeout=30)
@@ -106,11 +109,13 @@ async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, repl
     # The routing key is the session id; sampling params are the session's.
     call = replay.stats.calls[0]
     assert call.headers.get("X-SMG-Routing-Key") == opened.session_id
+    assert call.lora_path == "policy-lora-7"  # PolicyConfig.lora_path, on every call
     live = await stub.GetSession(pb.GetSessionRequest(session_id=opened.session_id), timeout=10)
     assert live.status == pb.SESSION_STATUS_OPEN and live.owner == "rollout-3"
     assert [c.kind for c in live.calls] == [pb.SESSION_CALL_KIND_ROOT]
     assert live.calls[0].protocol == "openai" and live.calls[0].tool_calls == 1
     assert live.metrics["gateway_calls"] == 1 and live.metrics["tool_calls"] == 1
+    assert live.calls[0].request_messages == live.calls[0].rendered_messages == 1
     assert live.metrics["gateway_sampled_tokens"] == len(replay.stats.requests_seen[0][1])
     assert live.metrics["model_query_time_sum"] > 0
     close = pb.CloseSessionRequest(request_id="close-1", session_id=opened.session_id, reward=1.0)
@@ -248,3 +253,21 @@ async def test_grpcurl_opens_a_session_the_openai_sdk_calls_and_grpcurl_closes_i
         token=TOKEN,
     )
     assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+async def test_sessions_past_the_limit_are_refused_until_one_closes(replay) -> None:
+    server = await _agent(gateway=True, max_sessions=1)
+    channel = make_channel(server.address, token=TOKEN)
+    try:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        first = await stub.OpenSession(_open(replay.url, request_id="one"), timeout=30)
+        await _refused(
+            stub.OpenSession(_open(replay.url, request_id="two"), timeout=30),
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "GATEWAY_AT_CAPACITY",
+        )
+        await stub.CloseSession(pb.CloseSessionRequest(session_id=first.session_id), timeout=10)
+        assert (await stub.OpenSession(_open(replay.url, request_id="two"), timeout=30)).secret
+    finally:
+        await channel.close()
+        await server.stop(0)

@@ -237,3 +237,57 @@ def test_trims_keep_each_reply_with_its_tool_messages(codec) -> None:
     ]
     checked, trims = asyncio.run(_episode(codec, turns, 1100))
     assert trims >= 1 and checked >= 1
+
+
+def test_dropping_earlier_reasoning_forks_a_chain_per_turn_and_matches_the_template() -> None:
+    """`history_reasoning: drop`: later prompts leave earlier reasoning out, as Qwen3's template
+    does before the last user message (the bash-block protocol, whose observations are user
+    messages); each prompt is then a new chain, and every chain is still exact."""
+    plain = Codec(load_tokenizer(bundled_qwen3_tokenizer_dir()))
+    replies = [
+        ("<think>\nlook around\n</think>\n\nFirst a look.\n\n```bash\nls\n```", True),
+        ("<think>\nnow the file\n</think>\n\nThe file.\n\n```bash\ncat a.py\n```", True),
+        ("Done.\n\n```bash\necho ok\n```", True),
+    ]
+
+    async def play() -> tuple[ScriptedPolicy, TokenMode, list[dict[str, Any]]]:
+        policy = ScriptedPolicy(plain, replies)
+        mode = TokenMode(
+            policy,
+            plain,
+            max_context_tokens=0,
+            max_new_tokens=64,
+            omission_text=lambda n: "",
+            drop_reasoning=True,
+        )
+        await mode.open(SYSTEM, USER)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": USER},
+        ]
+        for index, (text, _) in enumerate(replies):
+            await mode.respond(messages)
+            messages.append({"role": "assistant", "content": text})
+            observation = f"<returncode>0</returncode>\nout {index}"
+            messages.append({"role": "user", "content": observation})
+            await mode.observe(observation)
+        return policy, mode, messages
+
+    policy, mode, messages = asyncio.run(play())
+    second, third = (plain.decode_special(ids) for ids in policy.sent[1:])
+    assert "look around" not in second and "First a look." in second
+    assert "now the file" not in third and "look around" not in third
+    for turn, sent in enumerate(policy.sent):
+        rendered = plain.tokenizer.apply_chat_template(
+            messages[: 2 + 2 * turn], tokenize=False, add_generation_prompt=True
+        )
+        assert plain.decode_special(sent) == rendered
+    # Turns 1 and 2 do not extend the prompt before them (the reasoning went): three chains,
+    # each exactly its prompt and its sampled ids. Turn 2 had no reasoning, but its prompt
+    # already differs from turn 1's prompt plus what followed.
+    chains = mode.whole_records()
+    assert len(chains) == 3
+    for chain, sent, sampled in zip(chains, policy.sent, policy.sampled, strict=True):
+        chain.check()
+        assert chain.prompt_ids == sent and chain.response_ids == sampled
+        assert chain.loss_mask == [1] * len(sampled)

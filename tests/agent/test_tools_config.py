@@ -41,6 +41,7 @@ def config_dir(tmp_path, monkeypatch):
         ({"tools": []}, "tools (none) are not among"),
         ({"tool_call_parser": "hermes9"}, "unknown tool-call parser 'hermes9'"),
         ({"reasoning_parser": "qwen9"}, "unknown reasoning parser 'qwen9'"),
+        ({"history_reasoning": "sometimes"}, "history_reasoning 'sometimes' is not keep or drop"),
     ],
 )
 def test_a_config_with_an_unknown_protocol_tool_or_parser_is_refused(config_dir, change, message):

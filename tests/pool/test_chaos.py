@@ -151,6 +151,26 @@ async def test_killed_and_restarted_pool_loses_no_lease(cluster, pool, base_imag
         assert listed[two.lease_id].sandbox_id == two.sandbox_id
 
 
+async def test_a_pool_away_longer_than_the_ttl_loses_no_lease(cluster, pool, base_image):
+    # A restart slower than the TTL (a loaded machine): the holders keep their sandboxes alive
+    # on the nodes meanwhile, and the restarted pool adopts them with that expiry.
+    ttl_s = 4.0
+    async with pool.lease(base_image, owner="h1", ttl_s=ttl_s) as one:
+        cluster.pool.kill()
+        # Past the nodes' own expiry (TTL + the pool's 2 s slack) had nobody renewed there.
+        await asyncio.sleep(ttl_s * 2.5)
+        assert container_exists(one.sandbox_id)
+        assert not one.lost.is_set(), one.lost_reason
+        assert (await one.run("echo away")).stdout == b"away\n"
+        cluster.pool.start()
+        await asyncio.to_thread(cluster.wait_healthy, len(cluster.nodes))
+        await asyncio.sleep(ttl_s * 1.5)
+        assert not one.lost.is_set(), one.lost_reason
+        assert (await one.run("echo after")).stdout == b"after\n"
+        listed = {x.lease_id: x for x in await pool.list_leases()}
+        assert listed[one.lease_id].state == pb.LEASE_STATE_ACTIVE
+
+
 async def test_capacity_is_not_freed_until_a_failed_destroy_is_reconciled(
     cluster, pool, base_image
 ):

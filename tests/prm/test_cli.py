@@ -130,7 +130,50 @@ async def test_swerl_prm_scripted_judge_answers_generate_with_its_replies_in_ord
                 async with session.post(url, json=body) as response:
                     texts.append((await response.json())["text"])
     finally:
-        process.send_signal(signal.SIGINT)
-        await asyncio.wait_for(process.wait(), 30)
+        await _stop_by_signal(process, signal.SIGINT)
 
     assert texts == ["first\n\\boxed{-1}", "then \\boxed{+1}", "then \\boxed{+1}"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+async def test_swerl_prm_scripted_judge_stops_on_a_signal_even_when_started_with_it_ignored(
+    judge_tokenizer_dir, unused_tcp_port, signum
+):
+    # A background job of a non-interactive shell (a test runner's, a script's) starts with
+    # SIGINT ignored; Python then installs no KeyboardInterrupt handler for it.
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-c",
+        f"trap '' {signum.name.removeprefix('SIG')}; exec \"$@\"",
+        "judge",
+        sys.executable,
+        "-m",
+        "swerl.cli",
+        "prm",
+        "scripted-judge",
+        "--port",
+        str(unused_tcp_port),
+        "--tokenizer-path",
+        str(judge_tokenizer_dir),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        line = b""
+        while b"serving /generate" not in line:
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            assert line, "swerl prm scripted-judge exited before serving"
+    finally:
+        returncode = await _stop_by_signal(process, signum)
+    assert returncode == 0
+
+
+async def _stop_by_signal(process: asyncio.subprocess.Process, signum: signal.Signals) -> int:
+    """Sends `signum`; the process must exit within 30 s (else it is killed, and that fails)."""
+    process.send_signal(signum)
+    try:
+        return await asyncio.wait_for(process.wait(), 30)
+    except asyncio.TimeoutError:
+        process.kill()
+        await process.wait()
+        raise AssertionError(f"did not exit within 30 s of {signum.name}") from None

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,6 +51,37 @@ def test_a_lost_episode_fails_the_soak() -> None:
 
 def test_a_leaked_sandbox_fails_the_soak() -> None:
     assert soak.failures(_report(sandboxes_left=["swerl-abc"])) == ["1 sandboxes left"]
+
+
+def test_an_infra_failure_no_fault_explains_fails_the_soak() -> None:
+    found = soak.failures(_report(infra_unexplained=["ep-1 gold INFRA_ERROR LEASE_LOST (x)"]))
+    assert found == ["1 infra failures no fault explains"]
+
+
+def test_a_failure_goes_to_the_fault_the_node_named_not_to_an_earlier_one() -> None:
+    # Soak-15 of 27 Nov: an Exec that failed with the node's DOCKER_UNAVAILABLE during the
+    # dockerd restart went to an earlier node kill (+26 s told) because that also hit it.
+    faults = [
+        soak.Fault("node_kill", 10, 0.0, "node-1", injected=186.6, recovered=198.7),
+        soak.Fault("dockerd_restart", 20, 0.0, "dockerd", injected=211.6, recovered=216.5),
+    ]
+    episode = soak.Episode(
+        0,
+        "gold",
+        None,  # type: ignore[arg-type]  # the task plays no part in attribution
+        episode_id="ep-0",
+        started=170.2,
+        ended=213.2,
+        outcome="result",
+        status="INFRA_ERROR",
+        reason="SANDBOX_UNAVAILABLE",
+        message="Exec failed: UNAVAILABLE DOCKER_UNAVAILABLE dockerd unreachable",
+    )
+    fake = SimpleNamespace(faults=faults, episodes=[episode], reasons_by_fault={})
+    told, unexplained, _, _ = soak.attribute(fake)  # type: ignore[arg-type]
+    assert unexplained == []
+    assert told["node_kill"] == [] and told["dockerd_restart"] == [pytest.approx(1.6)]
+    assert fake.reasons_by_fault["dockerd_restart"] == {"SANDBOX_UNAVAILABLE": 1}
 
 
 def test_counts_that_do_not_add_up_fail_the_soak() -> None:

@@ -61,6 +61,15 @@ ADVANTAGE_ESTIMATORS = (
 )
 
 
+@dataclass(frozen=True)
+class AdapterRef:
+    """Stand-in of miles.utils.types.AdapterRef (utils/types.py:10-16): which LoRA adapter a
+    sample is bound to, by name and controller slot."""
+
+    name: str
+    slot: int
+
+
 @dataclass
 class Sample:
     """Stand-in of miles.utils.types.Sample (training-relevant fields only)."""
@@ -94,6 +103,8 @@ class Sample:
     train_metadata: dict | None = None
     routing_key: str | None = None
     non_generation_time: float = 0.0
+    # Multi-LoRA: the adapter the sample trains and samples with (utils/types.py:74-75).
+    adapter: AdapterRef | None = None
 
     def get_reward_value(self, args: Any) -> Any:
         key = args.reward_key

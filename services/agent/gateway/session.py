@@ -171,9 +171,8 @@ class Session:
 
     @property
     def ended(self) -> bool:
-        return (
-            self.state in (SessionState.CLOSED, SessionState.ABORTED) and self.records is not None
-        )
+        """Closed (its records taken), whatever state it ended in."""
+        return self.records is not None
 
 
 class SessionStore:
@@ -336,6 +335,8 @@ class SessionStore:
             weight_version=generation.weight_version,
             reused_tokens=reused,
             tool_calls=len(parsed.tool_calls),
+            request_messages=len(conv.messages),
+            rendered_messages=len(conv.messages) - start,
             digest=digest,
         )
         if session.records is None:

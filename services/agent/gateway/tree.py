@@ -41,6 +41,10 @@ class CallNode:
     weight_version: str
     reused_tokens: int
     tool_calls: int
+    # Messages the request carried, and those rendered for it (all of them for a root; those
+    # after the continued call's reply otherwise): where and how far a fork rewrote history.
+    request_messages: int = 0
+    rendered_messages: int = 0
     end_time: float = field(default_factory=time.time)
     children: list[CallNode] = field(default_factory=list)
 
@@ -96,6 +100,8 @@ class CallTree:
         reused_tokens: int,
         tool_calls: int,
         digest: bytes | None,
+        request_messages: int = 0,
+        rendered_messages: int = 0,
     ) -> CallNode:
         if parent is None:
             kind = CallKind.ROOT
@@ -115,6 +121,8 @@ class CallTree:
             weight_version=weight_version,
             reused_tokens=reused_tokens,
             tool_calls=tool_calls,
+            request_messages=request_messages,
+            rendered_messages=rendered_messages,
         )
         if parent is not None:
             parent.children.append(node)

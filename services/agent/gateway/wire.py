@@ -62,7 +62,7 @@ def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
         request_timeout_s=timeout,
         max_context_tokens=request.max_context_tokens,
         max_new_tokens=request.max_new_tokens,
-        lora_path=request.lora_path,
+        lora_path=policy.lora_path,
         tool_call_parser=request.tool_call_parser,
         reasoning_parser=request.reasoning_parser,
         template_kwargs=MessageToDict(request.template_kwargs),
@@ -90,6 +90,8 @@ def session_pb(session: Session) -> pb.GetSessionResponse:
             sampled_tokens=len(node.output_ids),
             finish_reason=node.finish_reason,
             tool_calls=node.tool_calls,
+            request_messages=node.request_messages,
+            rendered_messages=node.rendered_messages,
         )
         if node.parent is not None:
             call.parent_call_index = node.parent.index

@@ -101,18 +101,20 @@ __swerl_exit() {
     printf '\0SWERL:%s:W:%d\0' "$1" "$__swerl_rc"
 }
 
-# C5. Whether the supervisor lives on: false once it exited or a SIGKILL is pending for it. A
-# command that killed it (`kill -9 $$`, `kill -9 -1`) returns before the kernel has ended it, so
-# without this its W could still get out as 0, or not, by timing; with it such a command always
-# ends as the supervisor's end says (137, N10). The kernel marks a SIGKILL pending in the target
-# before kill(2) returns; /proc/PID/stat's field 31 is the pending set (bit 8 is SIGKILL).
+# C5. Whether the supervisor lives on: false once it is exiting or gone, or a SIGKILL is pending
+# for it. A command that killed it (`kill -9 $$`, `kill -9 -1`) returns before the kernel has
+# ended it, so without this its W could still get out as 0, or not, by timing; with it such a
+# command always ends as the supervisor's end says (137, N10). The kernel marks the SIGKILL
+# pending in the target before kill(2) returns, and the target is marked exiting (PF_EXITING)
+# from just after it takes the signal until it is a zombie: /proc/PID/stat's field 31 is the
+# pending set (bit 8 is SIGKILL), field 9 the task flags (0x4 is PF_EXITING), field 3 the state.
 __swerl_boss_alive() {
-  # Fields 3 (state) and 31 (pending signals) read into names, not split into an array (which
-  # costs several times more); the supervisor's comm, bash, has no space.
-  local IFS=' ' __p __c __s __x __g
-  builtin read -r __p __c __s __x __x __x __x __x __x __x __x __x __x __x __x __x __x \
-    __x __x __x __x __x __x __x __x __x __x __x __x __x __g __x <"/proc/$$/stat" 2>/dev/null || return 1
-  [[ $__s != [ZX] ]] && (( !((${__g:-0} >> 8) & 1) ))
+  # Read into names, not split into an array (which costs several times more); the supervisor's
+  # comm, bash, has no space.
+  local IFS=' ' __p __c __s __x __f __g
+  builtin read -r __p __c __s __x __x __x __x __x __f __x __x __x __x __x __x __x __x __x \
+    __x __x __x __x __x __x __x __x __x __x __x __x __g __x <"/proc/$$/stat" 2>/dev/null || return 1
+  [[ $__s != [ZX] ]] && (( !(${__f:-4} & 4) && !((${__g:-0} >> 8) & 1) ))
 }
 
 # C4. A command is: NONCE TIMEOUT(%012.3f) MODE(i|s) NOTIFY(0|1) END_ID CWD STDIN_PATH ENV_SCRIPT

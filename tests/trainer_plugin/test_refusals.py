@@ -1,0 +1,186 @@
+"""Flag combinations refused at the first generate call, naming the flags, before any episode
+runs (issue 23, item 5); miles' compact-batch rule (item 4). Upstream facts: refusals.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from agent_playback import PlaybackAgent, PlaybackServer, Scenario, asks_top_p, result
+from conftest import FRAMEWORK, make_args, make_sample
+
+from swerl.agent.v1 import agent_pb2
+from swerl.trainer_plugin.hooks import PluginConfigError
+from swerl.trainer_plugin.replay import TopPReplayError
+
+pytestmark = pytest.mark.usefixtures("fw")
+
+# (framework flags, plugin settings, the flags the one-line refusal must name), per framework.
+CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], list[str]]]] = {
+    "slime": [
+        ({"partial_rollout": True}, {"dynamic_history": True}, ["--partial-rollout"]),
+        ({"log_passrate": True}, {"dynamic_history": True}, ["--log-passrate"]),
+    ],
+    "miles": [
+        ({"partial_rollout": True}, {"dynamic_history": True}, ["--partial-rollout"]),
+        (
+            {"recompute_logprobs_via_prefill": True},
+            {"dynamic_history": True},
+            ["--recompute-logprobs-via-prefill"],
+        ),
+        (
+            {"use_dynamic_global_batch_size": True},
+            {"dynamic_history": True},
+            ["--use-dynamic-global-batch-size"],
+        ),
+        ({"multi_lora": True}, {"dynamic_history": True}, ["--multi-lora"]),
+        ({"use_rollout_indexer_replay": True}, {}, ["--use-rollout-indexer-replay"]),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("flags", "plugin", "named"), CASES[FRAMEWORK], ids=[str(c[0]) for c in CASES[FRAMEWORK]]
+)
+async def test_a_refused_flag_combination_is_one_line_naming_the_flags_before_any_episode(
+    fw, sampling_params, flags, plugin, named
+) -> None:
+    agent = PlaybackAgent(lambda start: Scenario(result=result(start)))
+    async with PlaybackServer(agent) as server:
+        args = make_args([server.address], **plugin)
+        for key, value in flags.items():
+            setattr(args, key, value)
+        with pytest.raises(PluginConfigError) as caught:
+            await fw.generate(args, make_sample(), sampling_params)
+    message = str(caught.value)
+    assert "\n" not in message
+    for flag in named:
+        assert flag in message
+    if plugin.get("dynamic_history"):
+        assert "swerl_dynamic_history" in message
+    assert agent.starts == [], "refused before any episode ran"
+
+
+def _chains(start: agent_pb2.EpisodeStart) -> agent_pb2.EpisodeResult:
+    """A whole-trajectory result whose history was trimmed once: two chains."""
+    out = result(start)
+    whole = out.trajectory
+    cut = 9  # the first chain: the first turn's response and observation (3 + 2 tokens) ...
+    first = agent_pb2.TokenRecord(
+        prompt_ids=whole.prompt_ids,
+        response_ids=whole.response_ids[:3],
+        loss_mask=whole.loss_mask[:3],
+        logprobs=whole.logprobs[:3],
+        reward=whole.reward,
+    )
+    second = agent_pb2.TokenRecord(
+        prompt_ids=[*whole.prompt_ids[:4], 77, 78, *whole.prompt_ids[-3:]],
+        response_ids=whole.response_ids[cut - 4 :],
+        loss_mask=whole.loss_mask[cut - 4 :],
+        logprobs=whole.logprobs[cut - 4 :],
+        reward=whole.reward,
+    )
+    out.ClearField("trajectory")
+    out.chains.extend([first, second])
+    return out
+
+
+async def test_a_trimmed_episode_is_a_list_of_chains_sharing_rollout_id(fw, sampling_params):
+    async with PlaybackServer(PlaybackAgent(lambda s: Scenario(result=_chains(s)))) as server:
+        args = make_args([server.address])
+        out = await fw.generate(args, make_sample(index=4), sampling_params)
+        evaluated = await fw.generate(args, make_sample(index=5), sampling_params, True)
+    samples = fw.check_call_result(out, per_turn=False, chains=2)
+    assert {s.rollout_id for s in samples} == {4}
+    assert [s.reward for s in samples] == [1.0, 1.0]
+    assert samples[1].tokens[:9] == [*samples[0].tokens[:4], 77, 78, *samples[0].tokens[9:12]]
+    # Evaluation counts episodes: the last chain alone.
+    (last,) = fw.check_call_result(evaluated, per_turn=False)
+    assert last.tokens == samples[1].tokens
+    args.n_samples_per_prompt, args.rollout_batch_size = 1, 1
+    data = fw.train_data(args, [[out]])
+    # The loss reducer counts the episode once: both chains share one denominator.
+    sums = data["rollout_mask_sums"]
+    assert sums[0] == sums[1] == sum(samples[0].loss_mask) + sum(samples[1].loss_mask)
+
+
+LIST_REFUSING_FLAGS = {
+    "slime": ["partial_rollout", "log_passrate"],
+    "miles": [
+        "partial_rollout",
+        "use_dynamic_global_batch_size",
+        "multi_lora",
+        "recompute_logprobs_via_prefill",
+    ],
+}
+
+
+@pytest.mark.parametrize("flag", LIST_REFUSING_FLAGS[FRAMEWORK])
+async def test_where_lists_are_refused_a_trimmed_episode_gives_its_last_chain(
+    fw, sampling_params, flag
+) -> None:
+    async with PlaybackServer(PlaybackAgent(lambda s: Scenario(result=_chains(s)))) as server:
+        args = make_args([server.address])
+        setattr(args, flag, True)
+        out = await fw.generate(args, make_sample(index=4), sampling_params)
+    (sample,) = fw.check_call_result(out, per_turn=False)
+    assert sample.tokens[4:6] == [77, 78] and sample.rollout_id is None
+    if flag == "use_dynamic_global_batch_size" and FRAMEWORK == "miles":
+        args.n_samples_per_prompt, args.rollout_batch_size = 1, 1
+        fw.train_data(args, [[out]])
+
+
+async def test_miles_dynamic_global_batch_size_gets_no_compact_batch(fw, sampling_params):
+    """A lone sample carries no rollout_id, so miles computes its dynamic global batch size
+    (its rollout_data_conversion.py:30-41 would skip it for a compact batch and
+    train_data_conversion.py:154-155 assert)."""
+    agent = PlaybackAgent(lambda start: Scenario(result=result(start)))
+    async with PlaybackServer(agent) as server:
+        args = make_args([server.address])
+        args.use_dynamic_global_batch_size = True
+        outs = [await fw.generate(args, make_sample(0, i), sampling_params) for i in range(2)]
+    for out in outs:
+        (sample,) = fw.check_call_result(out, per_turn=False)
+        assert sample.rollout_id is None
+    args.n_samples_per_prompt, args.rollout_batch_size = 2, 1
+    fw.train_data(args, [outs])
+
+
+@pytest.mark.parametrize("agent_side", [False, True])
+async def test_top_p_below_one_against_an_engine_without_top_p_sets_stops_at_the_first_call(
+    fw, agent_side
+):
+    """Stock SGLang returns no top-p sets (only slime's patched v0.5.15.post1 does): the first
+    generate call raises naming the flag, instead of every episode becoming a dropped
+    placeholder and the rollout resampling forever."""
+
+    def answer(start: agent_pb2.EpisodeStart) -> Scenario:
+        if agent_side:  # what swerl's agent answers when the engine's reply lacks the sets
+            failed = result(
+                start,
+                agent_pb2.EPISODE_STATUS_INFRA_ERROR,
+                reward=None,
+                error_reason="POLICY_BAD_REPLY",
+                error_message="the sampling params ask for top-p token ids but the policy"
+                " reply has no meta_info.top_p_token_ids/top_p_token_offsets",
+            )
+            return Scenario(result=failed)
+        return Scenario(result=result(start, with_replay=False))
+
+    agent = PlaybackAgent(answer)
+    async with PlaybackServer(agent) as server:
+        args = make_args([server.address])
+        args.rollout_top_p = 0.9
+        params = dict(fw.state(args).sampling_params)
+        if fw.NAME == "miles":  # miles has no top-p replay: the agent is never asked for sets
+            out = await fw.generate(args, make_sample(), params)
+            (start,) = agent.starts
+            assert not asks_top_p(start)
+            if not agent_side:
+                (sample,) = fw.check_call_result(out, per_turn=False)
+                assert not sample.remove_sample
+            return
+        with pytest.raises(TopPReplayError) as caught:
+            await fw.generate(args, make_sample(), params)
+    assert "--rollout-top-p" in str(caught.value) and "\n" not in str(caught.value)
+    assert len(agent.starts) == 1

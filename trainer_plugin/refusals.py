@@ -1,0 +1,87 @@
+"""Framework flag combinations the plugin's samples cannot go through, refused before any
+episode runs (issue 23, items 4 and 5).
+
+Each refusal is one line naming the flags. The facts (slime 624b824a, miles 31f1ca96):
+
+- `--partial-rollout` reads `.response` of every entry of a group (slime
+  rollout/sglang_rollout.py:360-364; miles inference_rollout_train.py:44-47): a list entry (one
+  sample per turn, dynamic history) crashes it at the end of the rollout.
+- slime's `--log-passrate` asserts `len(raw_reward) == rollout_batch_size x n`
+  (observability/train_metric_utils.py:238-239): one sample per turn breaks it.
+- miles' `--recompute-logprobs-via-prefill` iterates the group's samples and reads
+  `response_length` (inference_rollout_train.py:178-183, prefill_logprobs.py:147-149).
+- miles treats a batch carrying `rollout_id` as compact and then computes no dynamic global
+  batch size (ray/rollout/rollout_data_conversion.py:30-41), which
+  `--use-dynamic-global-batch-size` asserts on (train_data_conversion.py:154-155); multi-LoRA
+  turns it on (utils/multi_lora.py:179). Lists of samples need a shared `rollout_id`
+  (rollout_data_conversion.py:54-72), so no call may return one there.
+- miles' `--use-rollout-indexer-replay` needs `Sample.rollout_indexer_topk`, which swerl's
+  agent does not return.
+
+Where lists are refused, a whole trajectory whose context was trimmed (several chains) gives
+its last chain alone (`lists_allowed`): the earlier chains are not trained on, never mixed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _on(args: Any, name: str) -> bool:
+    return bool(getattr(args, name, False))
+
+
+def _dynamic_gbs_flag(args: Any) -> str | None:
+    """The flag that makes miles compute a dynamic global batch size, if any."""
+    if _on(args, "multi_lora"):
+        return "--multi-lora (which turns on --use-dynamic-global-batch-size)"
+    if _on(args, "use_dynamic_global_batch_size"):
+        return "--use-dynamic-global-batch-size"
+    return None
+
+
+def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | None:
+    """Why the run's flags cannot take the plugin's samples (None: they can)."""
+    if framework_name == "miles" and _on(args, "use_rollout_indexer_replay"):
+        return (
+            "--use-rollout-indexer-replay is not supported: swerl's agent returns no indexer "
+            "top-k (Sample.rollout_indexer_topk); turn the flag off"
+        )
+    if not dynamic_history:
+        return None
+    flag = "swerl_dynamic_history"
+    if _on(args, "partial_rollout"):
+        return (
+            f"--partial-rollout with {flag}: partial rollout reads .response of each group "
+            "entry and one sample per turn is a list; turn one of them off"
+        )
+    if framework_name == "slime" and _on(args, "log_passrate"):
+        return (
+            f"--log-passrate with {flag}: slime's pass rate asserts one sample per episode; "
+            "turn one of them off"
+        )
+    if framework_name == "miles" and _on(args, "recompute_logprobs_via_prefill"):
+        return (
+            f"--recompute-logprobs-via-prefill with {flag}: miles' prefill reads "
+            "response_length of each group entry and one sample per turn is a list; turn one "
+            "of them off"
+        )
+    gbs = _dynamic_gbs_flag(args) if framework_name == "miles" else None
+    if gbs is not None:
+        return (
+            f"{gbs} with {flag}: one sample per turn is a list sharing rollout_id, which makes "
+            "miles' batch compact and leaves it without the dynamic global batch size it "
+            "asserts on; turn one of them off"
+        )
+    return None
+
+
+def lists_allowed(args: Any, framework_name: str) -> bool:
+    """Whether a whole-trajectory call may return its chains as a list of samples."""
+    if _on(args, "partial_rollout"):
+        return False
+    if framework_name == "slime":
+        path = str(getattr(args, "rollout_function_path", "") or "")
+        return not _on(args, "log_passrate") and "fully_async" not in path
+    recompute = _on(args, "recompute_logprobs_via_prefill")
+    return not recompute and _dynamic_gbs_flag(args) is None
