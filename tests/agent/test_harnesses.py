@@ -93,6 +93,12 @@ def _start(task, episode_id: str, harness: str, wall_s: float = 120.0) -> pb.Epi
     return start
 
 
+def _node_of(env) -> str:
+    """This stack's node id: other test runs on the shared dockerd use the same prefix."""
+    (node,) = env.stack.nodes
+    return str(node.settings.node_id)
+
+
 async def _no_leases(env) -> None:
     pool = PoolClient(env.stack.pool_address, token=env.stack.token)
     try:
@@ -114,7 +120,8 @@ async def test_an_unknown_harness_is_invalid_argument_unknown_harness():
         result = result_of(await run_to_result(env.stub, _start(task, "named-builtin", "builtin")))
         assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
         await _no_leases(env)
-    assert sandboxes_left() == []
+        node = _node_of(env)
+    assert sandboxes_left(node) == []
 
 
 async def test_a_harness_cannot_branch(harness):
@@ -135,12 +142,13 @@ async def test_a_harness_submission_is_the_patch_and_is_graded(harness):
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, _start(task, "h-submit", one.name)))
         await _no_leases(env)
+        node = _node_of(env)
     assert one.prepared and one.cancels == 1
     assert result.status == pb.EPISODE_STATUS_SUBMITTED
     assert result.patch == task.gold_patch.encode()
     assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
     assert result.reward == 1.0
-    assert sandboxes_left() == []
+    assert sandboxes_left(node) == []
 
 
 async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harness, tmp_path):
@@ -151,6 +159,7 @@ async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harn
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, start))
         await _no_leases(env)
+        node = _node_of(env)
     # The harness's own log is kept beside traj.json; meta.json names the harness.
     (directory,) = tmp_path.iterdir()
     assert (directory / "harness.log").read_bytes().strip() == b"harness-said-this"
@@ -162,7 +171,7 @@ async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harn
     # What the harness wrote before it failed is what is graded: the gold fix resolves.
     assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
     assert result.reward == 1.0
-    assert sandboxes_left() == []
+    assert sandboxes_left(node) == []
 
 
 async def test_a_harness_killed_mid_run_is_harness_failed_and_leaves_nothing(harness):
@@ -171,13 +180,14 @@ async def test_a_harness_killed_mid_run_is_harness_failed_and_leaves_nothing(har
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, _start(task, "h-killed", one.name)))
         await _no_leases(env)
+        node = _node_of(env)
     assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
     assert result.error_reason == "HARNESS_FAILED"
     assert "killed by signal 9" in result.error_message
     assert b"README.md" in result.patch and b"never" not in result.patch
     assert result.reward == -1.0
     assert one.cancels == 1
-    assert sandboxes_left() == []
+    assert sandboxes_left(node) == []
 
 
 async def test_a_harness_that_never_exits_is_stopped_at_its_budget_harness_timeout(harness):
@@ -190,11 +200,12 @@ async def test_a_harness_that_never_exits_is_stopped_at_its_budget_harness_timeo
         result = result_of(await run_to_result(env.stub, start))
         elapsed = loop.time() - began
         await _no_leases(env)
+        node = _node_of(env)
     assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT
     assert b"README.md" in result.patch and result.reward == -1.0
     assert one.cancels == 1
     assert elapsed < 120, elapsed  # stopped at its budget, not at the command's 600 s
-    assert sandboxes_left() == []
+    assert sandboxes_left(node) == []
 
 
 async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):
@@ -211,9 +222,10 @@ async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):
         messages = [message async for message in call]
         took = loop.time() - sent
         await _no_leases(env)
+        node = _node_of(env)
     result = result_of(messages)
     assert result.status == pb.EPISODE_STATUS_CANCELLED
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
     assert one.cancels == 1
     assert took < 5.0, took
-    assert sandboxes_left() == []
+    assert sandboxes_left(node) == []
