@@ -19,6 +19,7 @@ from agent_testkit import (
     start_for,
 )
 
+from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.harnesses import HARNESSES, HarnessFailed, HarnessRun
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.v1 import agent_pb2 as pb
@@ -40,6 +41,7 @@ class ScriptedHarness:
     timeout_status = EpisodeStatus.HARNESS_TIMEOUT
 
     def __init__(self, name: str, commands: list[str], ending: str, gold: str) -> None:
+        # ending "infra": what the harness stands on failed (EpisodeInfraError).
         self.name = name
         self.commands = commands
         self.ending = ending
@@ -63,6 +65,8 @@ class ScriptedHarness:
                 raise HarnessFailed(f"harness process killed by signal {result.exit_code - 128}")
         if self.ending == "fail":
             raise HarnessFailed("harness exited with status 3")
+        if self.ending == "infra":
+            raise EpisodeInfraError("MODEL_UNREACHABLE", "connection refused")
         return self.gold if self.ending == "submit" else None
 
     async def cancel(self) -> None:
@@ -228,4 +232,18 @@ async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
     assert one.cancels == 1
     assert took < 5.0, took
+    assert sandboxes_left(node) == []
+
+
+async def test_an_infra_failure_under_a_harness_is_infra_error_with_no_reward(harness):
+    task = bundled_tasks()[0]
+    one = harness(["echo x >> README.md"], "infra", "")
+    async with agent_stack() as env:
+        result = result_of(await run_to_result(env.stub, _start(task, "h-infra", one.name)))
+        await _no_leases(env)
+        node = _node_of(env)
+    assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
+    assert result.error_reason == "MODEL_UNREACHABLE"
+    assert not result.HasField("reward") and not result.HasField("report")
+    assert one.cancels == 1
     assert sandboxes_left(node) == []

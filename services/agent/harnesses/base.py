@@ -54,7 +54,9 @@ class Harness(Protocol):
 
     async def run(self, run: HarnessRun) -> str | None:
         """Drives the episode to its end; returns the submission (the patch) when the harness
-        names one, None to grade the sandbox's diff. Raises HarnessFailed on its failure."""
+        names one, None to grade the sandbox's diff. Raises HarnessFailed on its own failure,
+        and `swerl.agent.errors.EpisodeInfraError` when what it stands on fails (its model
+        endpoint unreachable, ...): INFRA_ERROR, no reward, as any infra failure."""
         ...
 
     async def cancel(self) -> None:
