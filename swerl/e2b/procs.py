@@ -67,7 +67,10 @@ class ProcessConfig:
 RECORD_PREFIX = "/tmp/.swerl-e2b-"
 # How long the launching command waits for a short process to end, so that a quick command
 # (`echo hi`) comes back with its output in one round trip instead of being polled.
-LAUNCH_GRACE_S = 0.05
+LAUNCH_GRACE_S = 0.1
+# The sandbox's one FIFO on which every ended process writes `<pid> <status>` (made by the first
+# launch, kept until the sandbox ends), so a launch can wait for its process without a timer.
+DONE_FIFO = "/tmp/.swerl-e2b.done"
 # The pause between two polls of a running process's files: short while output comes, growing
 # while it is quiet.
 POLL_MIN_S = 0.01
@@ -100,8 +103,8 @@ def _report(files: str, out_from: int, err_from: int, *, ended: str) -> str:
     """Bash that writes the process's output from the given offsets (stdout to stdout, stderr
     to stderr) and removes its files when `ended` (a bash condition) held before the reads."""
     return (
-        f"tail -c +{out_from + 1} {files}.out 2>/dev/null; "
-        f"tail -c +{err_from + 1} {files}.err >&2 2>/dev/null; "
+        f"[ -s {files}.out ] && tail -c +{out_from + 1} {files}.out 2>/dev/null; "
+        f"[ -s {files}.err ] && tail -c +{err_from + 1} {files}.err >&2 2>/dev/null; "
         f"if {ended}; then rm -f {files}.*; fi"
     )
 
@@ -114,23 +117,26 @@ def launch_command(config: ProcessConfig, user: str | None, pid: int, stdin: boo
     CloseStdin (or /dev/null), and its exit status written to a file when it ends. The
     launching command then waits up to LAUNCH_GRACE_S for it: a process that ends by then is
     reported at once (first line `E <status>`, then its output); one that does not answers
-    `R` and is followed by `poll_command`. Only the job's own fork, a mkfifo and, for a quick
-    process, the two reads of its output are added to a short command's path.
+    `R` and is followed by `poll_command`. Two forks (the job's group and the subshell whose
+    status it records) and, for a quick process, a read of each stream it wrote are added to
+    a short command's path; the sandbox's DONE_FIFO is made once.
     """
-    f = _files(pid)
+    f, done = _files(pid), DONE_FIFO
     if stdin:
-        fifos = f"mkfifo {f}.done {f}.in; "
-        hold = f"sleep infinity >{f}.in & __e2b_h=$!; echo $__e2b_h >{f}.hold; "
+        fifo = f"mkfifo {f}.in; "
+        hold = f"sleep infinity >{f}.in 2>/dev/null & __e2b_h=$!; echo $__e2b_h >{f}.hold; "
         job_in, unhold = f"<{f}.in", "kill $__e2b_h 2>/dev/null; "
     else:
-        fifos, hold, job_in, unhold = f"mkfifo {f}.done; ", "", "</dev/null", ""
+        fifo, hold, job_in, unhold = "", "", "</dev/null", ""
     return (
-        f"{fifos}set -m; {{ {hold}( {_job(config, user)} ) {job_in} >{f}.out 2>{f}.err; "
-        f"__e2b_rc=$?; {unhold}echo $__e2b_rc >{f}.rc; echo $__e2b_rc 1<>{f}.done; }} & "
-        f"echo $! >{f}.pgid; set +m; exec 4<>{f}.done; "
-        f"if read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_rc; then exec 4<&-; "
-        f"printf 'E %s\\n' $__e2b_rc; {_report(f, 0, 0, ended='true')}; "
-        "else exec 4<&-; printf 'R\\n'; fi"
+        f"[ -p {done} ] || mkfifo {done}; {fifo}"
+        f"set -m; {{ {hold}( {_job(config, user)} ) {job_in} >{f}.out 2>{f}.err; "
+        f"__e2b_rc=$?; {unhold}echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}; }} & "
+        f"echo $! >{f}.pgid; set +m; exec 4<>{done}; __e2b_rc=; "
+        f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
+        f'[ "$__e2b_p" = {pid} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
+        f"if [ -n \"$__e2b_rc\" ]; then printf 'E %s\\n' $__e2b_rc; "
+        f"{_report(f, 0, 0, ended='true')}; else printf 'R\\n'; fi"
     )
 
 
