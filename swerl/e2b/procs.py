@@ -20,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import re
 import shlex
 import time
 from collections import deque
@@ -95,6 +96,11 @@ def _job(config: ProcessConfig, user: str | None) -> str:
     return shlex.join(argv)
 
 
+# Words with which CMD could replace the shell that records its status, or that shell's EXIT
+# trap: such a CMD runs in a subshell of its own (one more fork).
+_REPLACES_SHELL = re.compile(r"\b(exec|trap|source)\b|(^|[;&|(\s])\.\s")
+
+
 def _files(pid: int) -> str:
     return f"{RECORD_PREFIX}{pid}"
 
@@ -128,10 +134,23 @@ def launch_command(config: ProcessConfig, user: str | None, pid: int, stdin: boo
         job_in, unhold = f"<{f}.in", "kill $__e2b_h 2>/dev/null; "
     else:
         fifo, hold, job_in, unhold = "", "", "</dev/null", ""
+    job = _job(config, user)
+    record = f"echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}"
+    if job.startswith("eval ") and not _REPLACES_SHELL.search(config.args[-1]):
+        # CMD runs in the group's own shell (no subshell fork); its status is recorded by an
+        # EXIT trap, which an `exit` in CMD runs too.
+        group = (
+            f"{{ {hold}trap '__e2b_rc=$?; {unhold}{record}' EXIT; {job} {job_in}; }} "
+            f">{f}.out 2>{f}.err &"
+        )
+    else:
+        # CMD might replace the shell or its EXIT trap (exec, trap, source): a subshell of its
+        # own, whose status the group records.
+        group = (
+            f"{{ {hold}( {job} ) {job_in} >{f}.out 2>{f}.err; __e2b_rc=$?; {unhold}{record}; }} &"
+        )
     return (
-        f"[ -p {done} ] || mkfifo {done}; {fifo}"
-        f"set -m; {{ {hold}( {_job(config, user)} ) {job_in} >{f}.out 2>{f}.err; "
-        f"__e2b_rc=$?; {unhold}echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}; }} & "
+        f"[ -p {done} ] || mkfifo {done}; {fifo}set -m; {group} "
         f"echo $! >{f}.pgid; set +m; exec 4<>{done}; __e2b_rc=; "
         f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
         f'[ "$__e2b_p" = {pid} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '

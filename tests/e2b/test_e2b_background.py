@@ -74,6 +74,12 @@ def test_two_background_commands_at_once_give_their_exact_output(face: Face, bas
             background=True,
         )
         assert sandbox.commands.run("echo between").stdout == "between\n"
+        # Commands that replace their shell or its EXIT trap still report their end exactly.
+        assert sandbox.commands.run("trap 'echo bye' EXIT; echo hi").stdout == "hi\nbye\n"
+        assert sandbox.commands.run("exec echo replaced").stdout == "replaced\n"
+        with pytest.raises(CommandExitException) as exited:
+            sandbox.commands.run("echo out; exit 7")
+        assert (exited.value.exit_code, exited.value.stdout) == (7, "out\n")
         with pytest.raises(CommandExitException) as failed:
             counting.wait()
         expected = "".join(f"{i}\n" for i in range(1, 200001))
