@@ -1,14 +1,17 @@
-"""E2B processes of one sandbox, run one after another over one ExecCommands call.
+"""E2B processes of one sandbox, each detached from the sandbox's command queue.
 
 A process gets its pid from the face at once (so `commands.run(..., background=True)` returns
 before the node runs it); its output, its end and its errors are kept as E2B process events that
-the Start stream and any later Connect stream follow. stdin and signals go down the call.
+the Start stream and any later Connect stream follow.
 
-The command runs as E2B runs it, `/bin/bash -c CMD`, as a job of its own (see `shell_command`),
-so that what it leaves running with `&` or nohup outlives it as it would on E2B; the node's
-shell traps SIGTERM to kill the job's group, which is how a kill or a timeout ends all of it.
-Commands on one sandbox run one at a time on swerl's nodes: a background command holds the
-sandbox's command queue until it ends (detach with `&` for concurrency, see docs/e2b.md).
+Commands on one swerl sandbox run one at a time on its node, so a process is not run as one of
+them: a short launch command starts it as a job of its own in the sandbox (its own process
+group, stdout/stderr/exit status in files, stdin through a FIFO, see `launch_command`) and the
+face follows it with short poll commands that read its files from the offsets already seen. A
+long or background process therefore never holds the queue: later foreground and background
+processes start and end while it runs. A kill (or the process's timeout) kills its whole group;
+a process's files are removed once it has ended and its output is read, and the container
+takes everything else with it when the sandbox ends.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import re
 import shlex
 import time
 from collections import deque
@@ -30,9 +34,7 @@ from swerl.e2b.connect import ConnectError
 from swerl.exec.client import start_message
 from swerl.exec.v1 import sandbox_pb2 as pb
 
-# The backstop past a command's own deadline before the node kills it by itself.
-NODE_TIMEOUT_MARGIN_S = 5.0
-# A command with no deadline (timeout=0) still has one on the node.
+# The longest a face command could run, from which the ExecCommands call's deadline is set.
 UNBOUNDED_COMMAND_S = 7 * 24 * 3600.0
 
 
@@ -61,8 +63,19 @@ class ProcessConfig:
         return body
 
 
-# Where a running process's group id is kept in the sandbox, for a kill that must reach it.
+# Where a process's files live in the sandbox: PREFIX<pid>.out/.err (its output), .rc (its exit
+# status), .in (its stdin FIFO), .hold (the pid of what keeps that FIFO open), .pgid, .done.
 RECORD_PREFIX = "/tmp/.swerl-e2b-"
+# How long the launching command waits for a short process to end, so that a quick command
+# (`echo hi`) comes back with its output in one round trip instead of being polled.
+LAUNCH_GRACE_S = 0.1
+# The sandbox's one FIFO on which every ended process writes `<pid> <status>` (made by the first
+# launch, kept until the sandbox ends), so a launch can wait for its process without a timer.
+DONE_FIFO = "/tmp/.swerl-e2b.done"
+# The pause between two polls of a running process's files: short while output comes, growing
+# while it is quiet.
+POLL_MIN_S = 0.01
+POLL_MAX_S = 0.2
 
 
 def _job(config: ProcessConfig, user: str | None) -> str:
@@ -83,30 +96,97 @@ def _job(config: ProcessConfig, user: str | None) -> str:
     return shlex.join(argv)
 
 
-def shell_command(config: ProcessConfig, user: str | None, pid: int) -> str:
-    """The bash source the node runs for an E2B process.
+# Words with which CMD could replace the shell that records its status, or that shell's EXIT
+# trap: such a CMD runs in a subshell of its own (one more fork).
+_REPLACES_SHELL = re.compile(r"\b(exec|trap|source)\b|(^|[;&|(\s])\.\s")
 
-    The process runs as a job of its own (`set -m` gives it its own process group), so what it
-    leaves running with `&` or nohup is not in the node's command group and outlives it, as on
-    E2B. SIGTERM (a kill, or the face's deadline) makes the waiting shell kill that group; the
-    record lets a later command kill it when the node killed the shell itself (its backstop).
-    Only builtins run around the job: no fork is added to a short command's path.
-    """
+
+def _files(pid: int) -> str:
+    return f"{RECORD_PREFIX}{pid}"
+
+
+def _report(files: str, out_from: int, err_from: int, *, ended: str) -> str:
+    """Bash that writes the process's output from the given offsets (stdout to stdout, stderr
+    to stderr) and removes its files when `ended` (a bash condition) held before the reads."""
     return (
-        f"set -m; {_job(config, user)} <&0 & __e2b_pid=$!; set +m; "
-        f"echo $__e2b_pid >{RECORD_PREFIX}{pid}; "
-        "trap 'kill -KILL -- -$__e2b_pid 2>/dev/null' TERM; "
-        "wait $__e2b_pid; __e2b_rc=$?; "
-        'if [ "$__e2b_rc" -gt 128 ]; then wait $__e2b_pid; __e2b_w=$?; '
-        '[ "$__e2b_w" -ne 127 ] && __e2b_rc=$__e2b_w; fi; '
-        "__e2b_status() { return $1; }; __e2b_status $__e2b_rc"
+        f"[ -s {files}.out ] && tail -c +{out_from + 1} {files}.out 2>/dev/null; "
+        f"[ -s {files}.err ] && tail -c +{err_from + 1} {files}.err >&2 2>/dev/null; "
+        f"if {ended}; then rm -f {files}.*; fi"
     )
 
 
-def kill_group_command(pid: int) -> str:
-    """Kills what is left of a process whose waiting shell the node killed (its timeout)."""
-    record = f"{RECORD_PREFIX}{pid}"
-    return f"[ -s {record} ] && kill -KILL -- -$(cat {record}) 2>/dev/null; rm -f {record}; true"
+def launch_command(config: ProcessConfig, user: str | None, pid: int, stdin: bool) -> str:
+    """The bash source that starts an E2B process detached from the node's command queue.
+
+    The process runs as a job of its own (`set -m`: its own process group, which a kill ends
+    whole), with its stdout/stderr in files, its stdin through a FIFO held open until
+    CloseStdin (or /dev/null), and its exit status written to a file when it ends. The
+    launching command then waits up to LAUNCH_GRACE_S for it: a process that ends by then is
+    reported at once (first line `E <status>`, then its output); one that does not answers
+    `R` and is followed by `poll_command`. Two forks (the job's group and the subshell whose
+    status it records) and, for a quick process, a read of each stream it wrote are added to
+    a short command's path; the sandbox's DONE_FIFO is made once.
+    """
+    f, done = _files(pid), DONE_FIFO
+    if stdin:
+        fifo = f"mkfifo {f}.in; "
+        hold = f"sleep infinity >{f}.in 2>/dev/null & __e2b_h=$!; echo $__e2b_h >{f}.hold; "
+        job_in, unhold = f"<{f}.in", "kill $__e2b_h 2>/dev/null; "
+    else:
+        fifo, hold, job_in, unhold = "", "", "</dev/null", ""
+    job = _job(config, user)
+    record = f"echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}"
+    if job.startswith("eval ") and not _REPLACES_SHELL.search(config.args[-1]):
+        # CMD runs in the group's own shell (no subshell fork); its status is recorded by an
+        # EXIT trap, which an `exit` in CMD runs too.
+        group = (
+            f"{{ {hold}trap '__e2b_rc=$?; {unhold}{record}' EXIT; {job} {job_in}; }} "
+            f">{f}.out 2>{f}.err &"
+        )
+    else:
+        # CMD might replace the shell or its EXIT trap (exec, trap, source): a subshell of its
+        # own, whose status the group records.
+        group = (
+            f"{{ {hold}( {job} ) {job_in} >{f}.out 2>{f}.err; __e2b_rc=$?; {unhold}{record}; }} &"
+        )
+    return (
+        f"[ -p {done} ] || mkfifo {done}; {fifo}set -m; {group} "
+        f"echo $! >{f}.pgid; set +m; exec 4<>{done}; __e2b_rc=; "
+        f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
+        f'[ "$__e2b_p" = {pid} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
+        f"if [ -n \"$__e2b_rc\" ]; then printf 'E %s\\n' $__e2b_rc; "
+        f"{_report(f, 0, 0, ended='true')}; else printf 'R\\n'; fi"
+    )
+
+
+def poll_command(pid: int, out_from: int, err_from: int) -> str:
+    """Bash that reports a detached process: `E <status>` (it has ended) or `R`, then its new
+    output; an ended process's files are removed once read."""
+    f = _files(pid)
+    return (
+        f"if [ -e {f}.rc ]; then read -r __e2b_rc <{f}.rc; __e2b_e=true; "
+        "printf 'E %s\\n' $__e2b_rc; else __e2b_e=false; printf 'R\\n'; fi; "
+        + _report(f, out_from, err_from, ended="$__e2b_e")
+    )
+
+
+def kill_command(pid: int, out_from: int, err_from: int) -> str:
+    """Bash that kills a detached process's whole group (its stdin holder with it), then
+    reports what it wrote and removes its files."""
+    f = _files(pid)
+    return f"[ -s {f}.pgid ] && kill -KILL -- -$(<{f}.pgid) 2>/dev/null; printf 'K\\n'; " + _report(
+        f, out_from, err_from, ended="true"
+    )
+
+
+def stdin_command(pid: int, close: bool) -> str:
+    """Bash that copies the command's own stdin into the process's FIFO (opened read-write, so
+    it never blocks on a process that has ended), and ends the FIFO's holder on close."""
+    f = _files(pid)
+    source = f"[ -p {f}.in ] && cat 1<>{f}.in || cat >/dev/null"
+    if close:
+        source += f"; [ -s {f}.hold ] && kill $(<{f}.hold) 2>/dev/null; true"
+    return source
 
 
 @dataclass
@@ -119,11 +199,11 @@ class Process:
     error: ConnectError | None = None
     ended: bool = False
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    call: Any = None
     stdin_open: bool = False
     killed: bool = False
-    start: Any = None  # the ExecStart the lane sends when the process's turn comes
-    pending_stdin: list[tuple[bytes, bool]] = field(default_factory=list)
+    start: Any = None  # the ExecStart of its launch command
+    out_read: int = 0  # bytes of its stdout file already emitted
+    err_read: int = 0
 
     def info(self) -> dict[str, Any]:
         body: dict[str, Any] = {"config": self.config.as_json(), "pid": self.pid}
@@ -173,26 +253,39 @@ class Process:
 MAX_CALL_AGE_S = 60.0
 # The node-side deadline of one ExecCommands call; it is replaced long before in practice.
 COMMANDS_CALL_S = 2 * UNBOUNDED_COMMAND_S
+# The node's deadline for one of the face's own short commands (launch, poll, stdin, kill).
+SHORT_COMMAND_S = 30.0
+
+
+@dataclass
+class _Op:
+    """One short command the lane runs for a process."""
+
+    kind: str  # "launch" | "stdin" | "kill"
+    process: Process
+    data: bytes = b""
+    close: bool = False
+    done: asyncio.Future[None] | None = None
 
 
 class ProcessTable:
-    """The E2B processes of one sandbox, by pid, run one after another over one ExecCommands
-    call (the node runs a sandbox's commands one at a time anyway; one call saves the cost of a
-    call per command). Only the running process has been sent to the node, so a signal or stdin
-    on the call always reaches the process it is meant for, and a kill of a process still
-    waiting its turn just takes it out of the queue."""
+    """The E2B processes of one sandbox, by pid. Every process runs detached (see
+    `launch_command`); the node only ever runs the face's short commands for them (launch,
+    poll, stdin, kill), one after another over one ExecCommands call, so a long or background
+    process never holds the sandbox's command queue: later processes start while it runs."""
 
     def __init__(self, target: ExecTarget, *, max_output_bytes: int) -> None:
         self.target = target
         self.max_output_bytes = max_output_bytes
         self.running: dict[int, Process] = {}
         self._pids = itertools.count(1000)
-        self._queue: deque[Process] = deque()
+        self._ops: deque[_Op] = deque()
+        self._live: list[Process] = []  # launched, not ended: polled
         self._wake = asyncio.Event()
         self._lane: asyncio.Task[None] | None = None
         self._call: Any = None
         self._opened_at = 0.0
-        self.current: Process | None = None
+        self._watchdogs: set[asyncio.Task[None]] = set()
 
     def start(
         self,
@@ -206,23 +299,20 @@ class ProcessTable:
     ) -> Process:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
-        node_timeout = (timeout_s + NODE_TIMEOUT_MARGIN_S) if timeout_s else UNBOUNDED_COMMAND_S
         process.start = start_message(
             self.target.sandbox_id,
-            shell_command(config, user, process.pid),
+            launch_command(config, user, process.pid, stdin),
             cwd=config.cwd or "",
             env={**env, **config.envs},
-            timeout_s=node_timeout,
+            timeout_s=SHORT_COMMAND_S,
             max_output_bytes=self.max_output_bytes,
-            open_stdin=stdin,
         )
         self.running[process.pid] = process
-        self._queue.append(process)
-        self._wake.set()
-        if self._lane is None or self._lane.done():
-            self._lane = asyncio.get_running_loop().create_task(
-                self._run_lane(), name=f"e2b.lane.{self.target.sandbox_id}"
-            )
+        self._submit(_Op("launch", process))
+        if deadline is not None:
+            watchdog = asyncio.get_running_loop().create_task(self._expire(process))
+            self._watchdogs.add(watchdog)
+            watchdog.add_done_callback(self._watchdogs.discard)
         return process
 
     def find(self, selector: Mapping[str, Any]) -> Process:
@@ -235,6 +325,20 @@ class ProcessTable:
         if process is None or process.ended:
             raise ConnectError("not_found", f"process {dict(selector)} not found")
         return process
+
+    def _submit(self, op: _Op) -> None:
+        self._ops.append(op)
+        self._wake.set()
+        if self._lane is None or self._lane.done():
+            self._lane = asyncio.get_running_loop().create_task(
+                self._run_lane(), name=f"e2b.lane.{self.target.sandbox_id}"
+            )
+
+    async def _queue(self, op: _Op) -> None:
+        """Runs `op` on the lane and waits for it."""
+        op.done = asyncio.get_running_loop().create_future()
+        self._submit(op)
+        await op.done
 
     def _open_call(self) -> Any:
         now = time.monotonic()
@@ -250,82 +354,170 @@ class ProcessTable:
             self._call.cancel()
             self._call = None
 
+    async def _command(
+        self, start: pb.ExecStart, stdin: bytes | None = None
+    ) -> tuple[bytes, bytes, int]:
+        """Runs one short command on the call: its stdout, stderr and exit code."""
+        call = self._open_call()
+        try:
+            await call.write(pb.ExecCommandsRequest(start=start))
+            if stdin is not None:
+                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=stdin, close=True)))
+            out, err = bytearray(), bytearray()
+
+            def take(output: pb.ExecOutput) -> None:
+                (out if output.stream == pb.OUTPUT_STREAM_STDOUT else err).extend(output.data)
+
+            while (response := await call.read()) is not grpc.aio.EOF:
+                kind = response.WhichOneof("kind")
+                if kind == "output":
+                    take(response.output)
+                elif kind in ("end", "exit"):
+                    exit = response.end.exit if kind == "end" else response.exit
+                    for chunk in response.end.output if kind == "end" else ():
+                        take(chunk)
+                    return bytes(out), bytes(err), exit.exit_code
+        except BaseException:
+            self._drop_call()
+            raise
+        self._drop_call()
+        raise ConnectError("unavailable", "the command's node went away")
+
+    def _short(self, source: str, *, stdin: bool = False) -> pb.ExecStart:
+        return start_message(
+            self.target.sandbox_id,
+            source,
+            timeout_s=SHORT_COMMAND_S,
+            max_output_bytes=self.max_output_bytes,
+            open_stdin=stdin,
+        )
+
     async def _run_lane(self) -> None:
+        pause = POLL_MIN_S
         try:
             while True:
-                if not self._queue:
-                    self._wake.clear()
+                if self._ops:
+                    op = self._ops.popleft()
                     try:
-                        await asyncio.wait_for(self._wake.wait(), MAX_CALL_AGE_S)
-                    except asyncio.TimeoutError:
-                        self._drop_call()  # idle: leave nothing open on the node
+                        await self._run_op(op)
+                        if op.done is not None and not op.done.done():
+                            op.done.set_result(None)
+                    except BaseException as exc:
+                        if op.done is not None and not op.done.done():
+                            op.done.set_exception(
+                                exc if isinstance(exc, Exception) else ConnectError("canceled", "")
+                            )
+                        if not isinstance(exc, Exception):
+                            raise
+                    pause = POLL_MIN_S
                     continue
-                process = self._queue.popleft()
-                self.current = process
+                if self._live:
+                    moved = False
+                    for process in list(self._live):
+                        if self._ops:
+                            break
+                        moved |= await self._guarded(process, self._poll(process))
+                    pause = POLL_MIN_S if moved else min(POLL_MAX_S, pause * 2)
+                    self._wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), pause)
+                    continue
+                self._wake.clear()
                 try:
-                    await self._run(process)
-                finally:
-                    self.current = None
-                    self.running.pop(process.pid, None)
+                    await asyncio.wait_for(self._wake.wait(), MAX_CALL_AGE_S)
+                except asyncio.TimeoutError:
+                    self._drop_call()  # idle: leave nothing open on the node
         finally:
             self._drop_call()
 
-    async def _run(self, process: Process) -> None:
-        watchdog = None
+    async def _guarded(self, process: Process, step: Any) -> bool:
+        """Runs a step for `process`; a node error ends the process with that error."""
         try:
-            call = self._open_call()
-            await call.write(pb.ExecCommandsRequest(start=process.start))
-            process.call = call
-            for data, close in process.pending_stdin:
-                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=data, close=close)))
-            process.pending_stdin.clear()
-            if process.killed:
-                await call.write(
-                    pb.ExecCommandsRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
-                )
-            if process.deadline is not None:
-                watchdog = asyncio.get_running_loop().create_task(self._expire(process))
-            await self._pump(process, call)
+            return bool(await step)
         except grpc.aio.AioRpcError as err:
-            self._drop_call()
-            await process._emit(None, _exec_error(err))
-        except asyncio.CancelledError:
-            self._drop_call()
-            await process._emit(None, ConnectError("canceled", "the sandbox was killed"))
-            raise
-        finally:
-            if watchdog is not None:
-                watchdog.cancel()
+            await self._fail(process, _exec_error(err))
+        except ConnectError as err:
+            await self._fail(process, err)
+        return True
 
-    async def _pump(self, process: Process, call: Any) -> None:
-        while (response := await call.read()) is not grpc.aio.EOF:
-            kind = response.WhichOneof("kind")
-            if kind == "output":
-                await self._output(process, response.output)
-            elif kind == "end":
-                for chunk in response.end.output:
-                    await self._output(process, chunk)
-                await self._exited(process, response.end.exit)
+    async def _fail(self, process: Process, error: ConnectError) -> None:
+        self._forget(process)
+        await process._emit(None, error)
+
+    def _forget(self, process: Process) -> None:
+        self.running.pop(process.pid, None)
+        if process in self._live:
+            self._live.remove(process)
+
+    async def _run_op(self, op: _Op) -> None:
+        process = op.process
+        if op.kind == "launch":
+            if process.killed:  # killed while waiting its turn: it never runs
+                await self._end_killed(process)
                 return
-            elif kind == "exit":
-                await self._exited(process, response.exit)
+            await self._guarded(process, self._launch(process))
+        elif op.kind == "stdin":
+            if process.ended or process not in self._live:
                 return
-        self._drop_call()
-        await process._emit(None, ConnectError("unavailable", "the command's node went away"))
+            start = self._short(stdin_command(process.pid, op.close), stdin=True)
+            try:
+                await self._command(start, op.data)
+            except grpc.aio.AioRpcError as err:
+                raise _exec_error(err) from None
+        elif op.kind == "kill":
+            if process.ended:
+                return
+            if process not in self._live:  # not launched yet: its launch op will see `killed`
+                return
+            await self._guarded(process, self._kill(process))
 
-    @staticmethod
-    async def _output(process: Process, output: pb.ExecOutput) -> None:
-        name = "stdout" if output.stream == pb.OUTPUT_STREAM_STDOUT else "stderr"
-        await process._emit({"data": {name: base64.b64encode(output.data).decode()}})
+    async def _launch(self, process: Process) -> bool:
+        out, err, _ = await self._command(process.start)
+        await self._report(process, out, err)
+        if not process.ended:
+            self._live.append(process)
+        return True
 
-    async def _exited(self, process: Process, exit: pb.ExecExit) -> None:
-        """Emits the process's end, once a kill or a timeout has reached its whole group."""
-        expired = process.deadline is not None and time.monotonic() >= process.deadline
-        if exit.timed_out:
-            # The node's own backstop killed the shell with SIGKILL, which its trap cannot
-            # catch: the group is killed by a command of its own.
-            await self._kill_group(process)
-        if exit.timed_out or expired:
+    async def _poll(self, process: Process) -> bool:
+        start = self._short(poll_command(process.pid, process.out_read, process.err_read))
+        out, err, _ = await self._command(start)
+        return await self._report(process, out, err)
+
+    async def _kill(self, process: Process) -> bool:
+        start = self._short(kill_command(process.pid, process.out_read, process.err_read))
+        out, err, _ = await self._command(start)
+        return await self._report(process, out, err)
+
+    async def _report(self, process: Process, out: bytes, err: bytes) -> bool:
+        """Emits what a launch/poll/kill command reported; True when anything moved."""
+        header, _, data = out.partition(b"\n")
+        if data:
+            process.out_read += len(data)
+            await process._emit({"data": {"stdout": base64.b64encode(data).decode()}})
+        if err:
+            process.err_read += len(err)
+            await process._emit({"data": {"stderr": base64.b64encode(err).decode()}})
+        if header.startswith(b"E "):
+            await self._exited(process, int(header[2:] or b"1"))
+        elif header == b"K":
+            await self._end_killed(process)
+        elif header != b"R":
+            reason = err.decode(errors="replace").strip() or "no report from the sandbox"
+            raise ConnectError("internal", f"process {process.pid} could not be started: {reason}")
+        return bool(data or err or process.ended)
+
+    async def _exited(self, process: Process, code: int) -> None:
+        self._forget(process)
+        if process.killed:
+            await self._end_killed(process)
+            return
+        end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+        await process._emit({"end": end})
+
+    async def _end_killed(self, process: Process) -> None:
+        """A killed process's end: E2B's `signal: killed`, or the timeout's error."""
+        self._forget(process)
+        if process.deadline is not None and time.monotonic() >= process.deadline:
             await process._emit(
                 None,
                 ConnectError(
@@ -334,65 +526,39 @@ class ProcessTable:
                 ),
             )
             return
-        code = exit.exit_code
-        end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
-        if code > 128 and (exit.signaled or process.killed):
-            end["status"] = "signal: killed"
-        await process._emit({"end": end})
+        await process._emit({"end": {"exitCode": 137, "exited": True, "status": "signal: killed"}})
 
     async def _expire(self, process: Process) -> None:
         assert process.deadline is not None
         await asyncio.sleep(max(0.0, process.deadline - time.monotonic()))
-        await self.signal(process, "SIGNAL_SIGKILL")
+        if not process.ended:
+            await self.signal(process, "SIGNAL_SIGKILL")
 
     async def signal(self, process: Process, signal: str) -> None:
         """Ends the process and its whole group (SIGTERM and SIGKILL alike); a process still
-        waiting its turn leaves the queue without running."""
+        waiting its turn is taken out without running."""
         if signal not in ("SIGNAL_SIGKILL", "SIGNAL_SIGTERM"):
             raise ConnectError("invalid_argument", f"unsupported signal {signal!r}")
         process.killed = True
-        if process in self._queue:
-            self._queue.remove(process)
-            self.running.pop(process.pid, None)
-            end = {"exitCode": 137, "exited": True, "status": "signal: killed"}
-            await process._emit({"end": end})
-            return
-        if process is self.current and process.call is not None and not process.ended:
-            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-                await process.call.write(
-                    pb.ExecCommandsRequest(signal=pb.ExecSignal(signal=pb.SIGNAL_TERM))
-                )
-
-    async def _kill_group(self, process: Process) -> None:
-        call = self.target.exec_call(30.0)
-        try:
-            start = start_message(
-                self.target.sandbox_id, kill_group_command(process.pid), timeout_s=10.0
-            )
-            await call.write(pb.ExecRequest(start=start))
-            await call.done_writing()
-            while await call.read() is not grpc.aio.EOF:
-                pass
-        except grpc.aio.AioRpcError:
-            pass
-        finally:
-            call.cancel()
+        await self._queue(_Op("kill", process))
 
     async def send_stdin(self, process: Process, data: bytes, *, close: bool = False) -> None:
         if not process.stdin_open:
             raise ConnectError("failed_precondition", f"process {process.pid} has no open stdin")
         if close:
             process.stdin_open = False
-        if process is self.current and process.call is not None:
-            await process.call.write(
-                pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=data, close=close))
-            )
-        else:
-            process.pending_stdin.append((data, close))
+        await self._queue(_Op("stdin", process, data, close))
 
     async def close(self) -> None:
-        for process in list(self._queue):
-            self._queue.clear()
+        """The sandbox is going: its container (and every process in it) goes with it."""
+        for op in self._ops:
+            if op.done is not None and not op.done.done():
+                op.done.set_exception(ConnectError("canceled", "the sandbox was killed"))
+        self._ops.clear()
+        for watchdog in list(self._watchdogs):
+            watchdog.cancel()
+        for process in list(self.running.values()):
+            self._forget(process)
             await process._emit(None, ConnectError("canceled", "the sandbox was killed"))
         if self._lane is not None:
             self._lane.cancel()

@@ -138,22 +138,3 @@ def test_a_snapshot_carries_the_filesystem_into_new_sandboxes(face: Face, base_i
     finally:
         source.kill()
     face.assert_nothing_left()
-
-
-def test_a_command_waiting_its_turn_is_killed_without_running(face: Face, base_image: str):
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
-        running = sandbox.commands.run("sleep 60", background=True)
-        waiting = sandbox.commands.run("touch /tmp/ran", background=True)
-        assert sorted(p.pid for p in sandbox.commands.list()) == [running.pid, waiting.pid]
-        assert waiting.kill() is True
-        with pytest.raises(CommandExitException) as killed:
-            waiting.wait()
-        assert killed.value.exit_code == 137
-        assert running.kill() is True
-        with pytest.raises(CommandExitException):
-            running.wait()
-        assert sandbox.files.exists("/tmp/ran") is False
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()

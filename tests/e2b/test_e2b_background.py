@@ -1,0 +1,154 @@
+"""Background commands through the real E2B SDK do not hold the sandbox: they run detached,
+foreground and other background commands run (and return) while they do, their output comes
+back exact, a kill ends only its own command, and nothing is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from conftest import Face
+from e2b import AsyncSandbox, CommandExitException, Sandbox
+
+pytestmark = pytest.mark.docker
+
+# A foreground `echo` behind a running background command returns within this (it waited for
+# the background command's end before: seconds).
+QUICK_S = 2.0
+
+
+def leftovers(sandbox: Sandbox) -> list[str]:
+    """The face's per-process files still in the sandbox (listed without running a process)."""
+    return [e.name for e in sandbox.files.list("/tmp") if e.name.startswith(".swerl-e2b-")]
+
+
+def test_foreground_commands_run_while_background_ones_do(face: Face, base_image: str):
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        late = sandbox.commands.run(
+            "until [ -e /tmp/go ]; do sleep 0.1; done; echo done", background=True
+        )
+        server = sandbox.commands.run(
+            "i=0; while true; do i=$((i+1)); echo tick$i; echo $i >/tmp/ticks; sleep 0.1; done",
+            background=True,
+        )
+        for n in range(5):
+            began = time.monotonic()
+            result = sandbox.commands.run(f"echo fg{n}; echo err{n} >&2")
+            assert (result.stdout, result.stderr) == (f"fg{n}\n", f"err{n}\n")
+            assert time.monotonic() - began < QUICK_S
+        # The server loop really runs meanwhile.
+        first = int(sandbox.commands.run("cat /tmp/ticks").stdout)
+        time.sleep(0.5)
+        assert int(sandbox.commands.run("cat /tmp/ticks").stdout) > first
+        assert sorted(p.pid for p in sandbox.commands.list()) == sorted([late.pid, server.pid])
+
+        # A kill of one leaves the other running.
+        assert server.kill() is True
+        with pytest.raises(CommandExitException) as killed:
+            server.wait()
+        assert killed.value.exit_code == 137
+        assert killed.value.stdout.startswith("tick1\ntick2\n")
+        ticks = killed.value.stdout.splitlines()
+        assert ticks == [f"tick{i}" for i in range(1, len(ticks) + 1)]
+        assert [p.pid for p in sandbox.commands.list()] == [late.pid]
+        # The other one still runs (it ends only when told to).
+        sandbox.files.write("/tmp/go", "")
+
+        done = late.wait()
+        assert (done.stdout, done.stderr, done.exit_code) == ("done\n", "", 0)
+        assert sandbox.commands.list() == []
+        # Neither the killed command's group nor any process's files are left in the sandbox.
+        assert sandbox.commands.run("pgrep -f 'tick' || echo none").stdout == "none\n"
+        assert leftovers(sandbox) == []
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()
+
+
+def test_two_background_commands_at_once_give_their_exact_output(face: Face, base_image: str):
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        # Large enough for many polls; stdout and stderr of each kept apart.
+        counting = sandbox.commands.run("seq 1 200000; echo tail >&2; exit 4", background=True)
+        lines = sandbox.commands.run(
+            "for i in $(seq 1 30); do printf 'l%03d|' $i; printf 'e%d\\n' $i >&2; sleep 0.02; done",
+            background=True,
+        )
+        assert sandbox.commands.run("echo between").stdout == "between\n"
+        # Commands that replace their shell or its EXIT trap still report their end exactly.
+        assert sandbox.commands.run("trap 'echo bye' EXIT; echo hi").stdout == "hi\nbye\n"
+        assert sandbox.commands.run("exec echo replaced").stdout == "replaced\n"
+        with pytest.raises(CommandExitException) as exited:
+            sandbox.commands.run("echo out; exit 7")
+        assert (exited.value.exit_code, exited.value.stdout) == (7, "out\n")
+        with pytest.raises(CommandExitException) as failed:
+            counting.wait()
+        expected = "".join(f"{i}\n" for i in range(1, 200001))
+        assert failed.value.exit_code == 4
+        assert failed.value.stdout == expected
+        assert failed.value.stderr == "tail\n"
+        result = lines.wait()
+        assert result.stdout == "".join(f"l{i:03d}|" for i in range(1, 31))
+        assert result.stderr == "".join(f"e{i}\n" for i in range(1, 31))
+        assert leftovers(sandbox) == []
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()
+
+
+def test_a_long_foreground_command_streams_and_reconnects_while_another_runs(
+    face: Face, base_image: str
+):
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        reader = sandbox.commands.run(
+            "while read -r line; do echo got:$line; done; echo eof", background=True, stdin=True
+        )
+        seen: list[str] = []
+        streamed = sandbox.commands.run(
+            "for i in 1 2 3; do echo s$i; sleep 0.3; done", on_stdout=seen.append
+        )
+        assert "".join(seen) == streamed.stdout == "s1\ns2\ns3\n"
+        # seen as it came, not at the end
+        assert len(seen) >= 2
+        sandbox.commands.send_stdin(reader.pid, "one\n")
+        reader.disconnect()
+        again = sandbox.commands.connect(reader.pid)
+        sandbox.commands.send_stdin(reader.pid, "two\n")
+        sandbox.commands.close_stdin(reader.pid)
+        result = again.wait()
+        assert result.exit_code == 0 and result.stdout.endswith("got:two\neof\n")
+        assert leftovers(sandbox) == []
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()
+
+
+def test_a_running_background_command_ends_with_its_sandbox(face: Face, base_image: str):
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    handle = sandbox.commands.run("sleep 60", background=True)
+    assert sandbox.commands.run("echo still here").stdout == "still here\n"
+    sandbox.kill()
+    with pytest.raises(Exception):  # noqa: B017 - the SDK's error for a vanished sandbox
+        handle.wait()
+    face.assert_nothing_left()
+
+
+async def test_the_async_sdk_runs_background_commands_side_by_side(face: Face, base_image: str):
+    sandbox = await AsyncSandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        slow = await sandbox.commands.run("sleep 2; echo slow", background=True)
+        fast = await sandbox.commands.run("echo fast", background=True)
+        began = time.monotonic()
+        assert (await fast.wait()).stdout == "fast\n"
+        assert time.monotonic() - began < QUICK_S
+        both = await asyncio.gather(
+            sandbox.commands.run("sleep 0.5; echo a"), sandbox.commands.run("sleep 0.5; echo b")
+        )
+        assert [r.stdout for r in both] == ["a\n", "b\n"]
+        assert (await slow.wait()).stdout == "slow\n"
+    finally:
+        await sandbox.kill()
+    await asyncio.to_thread(face.assert_nothing_left)
