@@ -33,6 +33,7 @@ from swerl.agent.gateway.errors import (
 )
 from swerl.agent.gateway.messages import (
     Conversation,
+    ConversationReader,
     ToolCall,
     assistant_message,
     chain_digests,
@@ -166,6 +167,8 @@ class Session:
         # so a chain's calls serialize only their new ids. Taken by a call, put back under the
         # node it recorded.
         self.policies: dict[int, TokenPolicy] = {}
+        # Per protocol: the reader that decodes only what a re-sent history adds (http.py).
+        self.readers: dict[str, ConversationReader] = {}
         self.close_request_id = ""
         self.records: list[TokenRecordData] | None = None
 
@@ -282,7 +285,7 @@ class SessionStore:
         self, session: Session, conv: Conversation
     ) -> tuple[CallNode | None, int, list[bytes]]:
         """The recorded call the conversation continues and where its new messages start."""
-        digests = chain_digests(conv.tools_key(), conv.keys)
+        digests = conv.digests or chain_digests(conv.tools_key(), conv.keys)
         for i in range(len(conv.messages) - 1, -1, -1):
             if conv.messages[i]["role"] != "assistant":
                 continue
