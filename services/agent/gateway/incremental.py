@@ -69,7 +69,7 @@ class BodyReader:
             text = raw.decode("utf-8")
             body, state = self._parse(text, self._resume(text))
         except (_Unparsed, UnicodeDecodeError):
-            self._state = None
+            # The previous body stays the reference: one bad request spoils no later reuse.
             self.reused_messages = 0
             return json.loads(raw)  # the reference answer, or its error
         self._state = state
