@@ -179,26 +179,50 @@ class BodyReader:
 Group = list[tuple[dict[str, Any], bytes]]
 
 
+def _common(old: Sequence[Any], new: Sequence[Any]) -> int:
+    """How many leading items of `new` are the very items of `old`. The whole of `old` is tried
+    first with one list comparison (a C loop that takes identical items at once)."""
+    n = len(old)
+    if n <= len(new) and new[:n] == old:
+        return n
+    k = 0
+    for a, b in zip(old, new, strict=False):
+        if a is not b:
+            break
+        k += 1
+    return k
+
+
 class MessageMemo:
     """Converted messages of the previous request, reused for the very same raw objects."""
 
     def __init__(self) -> None:
-        self._state: tuple[list[Any], list[Group]] = ([], [])
+        # Raw messages, the chat-template messages and keys they became, and where each raw
+        # message's messages start in those lists.
+        self._state: tuple[list[Any], list[dict[str, Any]], list[bytes], list[int]] = (
+            [],
+            [],
+            [],
+            [0],
+        )
 
     def convert(
         self, raw_messages: Sequence[Any], one: Callable[[Any, int], Group]
     ) -> tuple[list[dict[str, Any]], list[bytes]]:
-        old_raw, old_groups = self._state
-        groups: list[Group] = []
-        for i, raw in enumerate(raw_messages):
-            if i < len(old_raw) and old_raw[i] is raw:
-                groups.append(old_groups[i])
-            else:
-                groups.append(one(raw, i))
-        self._state = (list(raw_messages), groups)
-        messages = [m for group in groups for m, _ in group]
-        keys = [k for group in groups for _, k in group]
-        return messages, keys
+        old_raw, old_messages, old_keys, old_starts = self._state
+        k = _common(old_raw, raw_messages)
+        messages, keys, starts = (
+            old_messages[: old_starts[k]],
+            old_keys[: old_starts[k]],
+            old_starts[: k + 1],
+        )
+        for i in range(k, len(raw_messages)):
+            for message, key in one(raw_messages[i], i):
+                messages.append(message)
+                keys.append(key)
+            starts.append(len(messages))
+        self._state = (list(raw_messages), messages, keys, starts)
+        return list(messages), list(keys)
 
 
 class DigestMemo:
@@ -210,14 +234,10 @@ class DigestMemo:
 
     def digests(self, seed: bytes, keys: Sequence[bytes]) -> list[bytes]:
         old_seed, old_keys, old_digests = self._state
-        out: list[bytes] = []
-        if seed == old_seed:
-            for key, old_key, digest in zip(keys, old_keys, old_digests, strict=False):
-                if key is not old_key and key != old_key:
-                    break
-                out.append(digest)
+        k = _common(old_keys, keys) if seed == old_seed else 0
+        out = old_digests[:k]
         digest = out[-1] if out else hashlib.blake2b(seed, digest_size=16).digest()
-        for key in keys[len(out) :]:
+        for key in keys[k:]:
             digest = roll(digest, key)
             out.append(digest)
         self._state = (seed, list(keys), out)
