@@ -229,12 +229,23 @@ def _run_harnesses(sessions: list[tuple[str, str]], turns: int, out: Any) -> Non
     out.put(asyncio.run(main()))
 
 
-async def _ticker(stop: asyncio.Event, lateness: list[float], period: float = 0.005) -> None:
+async def _ticker(
+    stop: asyncio.Event,
+    lateness: list[float],
+    period: float = 0.005,
+    loop_cpu: list[float] | None = None,
+) -> None:
+    """Lateness of each tick; with `loop_cpu`, also the loop thread's CPU time over each tick: a
+    late tick with little of it is the thread kept off the CPU (by the OS or another thread
+    holding the GIL), not the loop's own work."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         expected = loop.time() + period
+        cpu = time.thread_time()
         await asyncio.sleep(period)
         lateness.append(loop.time() - expected)
+        if loop_cpu is not None:
+            loop_cpu.append(time.thread_time() - cpu)
 
 
 async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, float]:
@@ -280,8 +291,9 @@ async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, f
             # benchmark's doing, not the gateway's.
             harnesses.start()
             lateness: list[float] = []
+            tick_cpu: list[float] = []
             stop = asyncio.Event()
-            ticker = asyncio.ensure_future(_ticker(stop, lateness))
+            ticker = asyncio.ensure_future(_ticker(stop, lateness, loop_cpu=tick_cpu))
             started = time.monotonic()
             loop_cpu = time.thread_time()  # this thread's CPU: the event loop's own work
             done = await asyncio.to_thread(out.get, True, 1800)
@@ -300,7 +312,9 @@ async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, f
         replay.kill()
         replay.join()
     calls = sum(done)
-    worst_at = lateness.index(max(lateness)) / max(len(lateness), 1)
+    worst = lateness.index(max(lateness))
+    worst_at = worst / max(len(lateness), 1)
+    worst_cpu = tick_cpu[worst]
     lateness.sort()
     return {
         "sessions": sessions,
@@ -312,6 +326,7 @@ async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, f
         "worst_stall_ms": lateness[-1] * 1e3,
         "p99_stall_ms": lateness[int(len(lateness) * 0.99)] * 1e3,
         "worst_stall_at_fraction_of_run": worst_at,
+        "worst_stall_loop_cpu_ms": worst_cpu * 1e3,
         "loop_cpu_ms_per_call": loop_cpu * 1e3 / max(calls, 1),
         "loop_cpu_fraction_of_wall": loop_cpu / elapsed,
         "close_worst_stall_ms": max(close_lateness, default=0.0) * 1e3,

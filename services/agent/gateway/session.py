@@ -3,8 +3,9 @@
 A call: find the recorded call its history continues (by message digests, else by token
 prefix), render only what follows it (or the whole conversation for a new root) in the CPU pool,
 check the context budget, send the exact ids to the policy, parse reasoning and tool calls, and
-record the call in the session's tree. Everything here runs on the event loop except rendering,
-decoding and parsing, which go to the executor. Domain code: no HTTP, no grpc.
+record the call in the session's tree. Rendering a large delta or a new root, parsing a long
+reply and building CloseSession's records go to the executor; a turn's worth of each runs on the
+loop (cheaper than the thread hops). Domain code: no HTTP, no grpc.
 """
 
 from __future__ import annotations
