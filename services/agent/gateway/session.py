@@ -3,9 +3,10 @@
 A call: find the recorded call its history continues (by message digests, else by token
 prefix), render only what follows it (or the whole conversation for a new root) in the CPU pool,
 check the context budget, send the exact ids to the policy, parse reasoning and tool calls, and
-record the call in the session's tree. Rendering a large delta or a new root, parsing a long
-reply and building CloseSession's records go to the executor; a turn's worth of each runs on the
-loop (cheaper than the thread hops). Domain code: no HTTP, no grpc.
+record the call in the session's tree. Rendering, decoding and parsing, and building
+CloseSession's records, go to the executor: even a turn's worth of them on the loop, times a few
+hundred sessions answered in the same instant, stalls it (measured), while in the pool the loop
+takes the GIL back every switch interval. Domain code: no HTTP, no grpc.
 """
 
 from __future__ import annotations
@@ -50,12 +51,6 @@ from swerl.agent.tokens import ChatCodec, TokenRecordData
 T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 4096
 DEFAULT_MODEL = "swerl-policy"
-# New messages up to this many characters are rendered, and replies up to this many ids decoded
-# and parsed, on the event loop: a tool turn costs well under a millisecond there, less than the
-# two thread hops to the CPU pool and back, which wait for the GIL on a busy machine. Larger
-# ones go to the pool, so no call holds the loop long.
-INLINE_RENDER_CHARS = 8 * 1024
-INLINE_OUTPUT_IDS = 1024
 
 
 class SessionState(enum.Enum):
@@ -328,11 +323,7 @@ class SessionStore:
         parent, start, digests = self._match(session, conv)
         if parent is not None:
             ended = bool(parent.output_ids) and parent.output_ids[-1] == renderer.end_of_turn_id
-            new = conv.messages[start:]
-            if sum(len(m.get("content") or "") for m in new) <= INLINE_RENDER_CHARS:
-                delta = renderer.delta(new, ended)  # a turn's worth: cheaper than a thread hop
-            else:
-                delta = await self._cpu(renderer.delta, new, ended)
+            delta = await self._cpu(renderer.delta, conv.messages[start:], ended)
             prompt = parent.tokens()
             reused = len(prompt)
             prompt.extend(delta)
@@ -355,11 +346,9 @@ class SessionStore:
         policy_started = time.perf_counter()
         generation = await self._generate(session, policy, prompt, max_new)
         policy_s = time.perf_counter() - policy_started
-        read = (_read_output, session, generation.output_ids, conv.tools, generation.finish_reason)
-        if len(generation.output_ids) <= INLINE_OUTPUT_IDS:
-            parsed = read[0](*read[1:])
-        else:
-            parsed = await self._cpu(*read)
+        parsed = await self._cpu(
+            _read_output, session, generation.output_ids, conv.tools, generation.finish_reason
+        )
         reply = assistant_message(parsed.content, parsed.reasoning, parsed.tool_calls)
         # The next call that echoes this reply after this history continues this node.
         digest = roll(digests[-1], message_key(reply))
