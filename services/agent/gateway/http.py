@@ -124,7 +124,8 @@ class GatewayApp:
         if reader is None:
             reader = session.readers[protocol.name] = ConversationReader(protocol.conversation)
         if len(raw) > _INLINE_JSON_BYTES:
-            return await self._cpu(_read, reader, raw)
+            conv: Conversation = await self._cpu(_read, reader, raw)
+            return conv
         return _read(reader, raw)
 
     def _session(self, request: web.Request) -> Session:
