@@ -14,7 +14,6 @@ sends ends the agent: an unexpected failure is a 500 in the protocol's shape.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -28,6 +27,8 @@ from swerl.agent.gateway import anthropic_api, openai_api
 from swerl.agent.gateway.errors import GatewayError, MalformedRequest, PolicyDown, RouteMissing
 from swerl.agent.gateway.messages import (
     Conversation,
+    ConversationReader,
+    MessageMemo,
     anthropic_conversation,
     openai_conversation,
 )
@@ -47,7 +48,7 @@ GATEWAY_OVERHEAD = Histogram(
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5),
 )
 
-# Bodies above this many bytes are parsed in the CPU pool (json.loads holds the GIL).
+# Bodies above this many bytes are read in the CPU pool (decoding holds the GIL).
 _INLINE_JSON_BYTES = 64 * 1024
 
 
@@ -55,7 +56,7 @@ class _Protocol:
     def __init__(
         self,
         name: str,
-        conversation: Callable[[Any], Conversation],
+        conversation: Callable[[Any, MessageMemo | None], Conversation],
         error_body: Callable[[GatewayError], dict[str, Any]],
         internal_error: Callable[[], dict[str, Any]],
     ) -> None:
@@ -74,6 +75,13 @@ ANTHROPIC = _Protocol(
     anthropic_api.error_body,
     anthropic_api.internal_error_body,
 )
+
+
+def _read(reader: ConversationReader, raw: bytes) -> Conversation:
+    try:
+        return reader.read(raw)
+    except ValueError as err:
+        raise MalformedRequest(f"the request body is not valid JSON: {err}", param="body") from err
 
 
 def _secret(request: web.Request) -> str | None:
@@ -106,16 +114,19 @@ class GatewayApp:
     async def _cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def _body(self, request: web.Request) -> Any:
+    async def _conversation(
+        self, request: web.Request, session: Session, protocol: _Protocol
+    ) -> Conversation:
+        """The request's conversation, read by the session's reader of this protocol (decoding
+        only what the previous body did not hold; in the CPU pool when the body is large)."""
         raw = await request.read()
-        try:
-            if len(raw) > _INLINE_JSON_BYTES:
-                return await self._cpu(json.loads, raw)
-            return json.loads(raw)
-        except ValueError as err:
-            raise MalformedRequest(
-                f"the request body is not valid JSON: {err}", param="body"
-            ) from err
+        reader = session.readers.get(protocol.name)
+        if reader is None:
+            reader = session.readers[protocol.name] = ConversationReader(protocol.conversation)
+        if len(raw) > _INLINE_JSON_BYTES:
+            conv: Conversation = await self._cpu(_read, reader, raw)
+            return conv
+        return _read(reader, raw)
 
     def _session(self, request: web.Request) -> Session:
         return self.store.for_call(request.match_info["session"], _secret(request))
@@ -128,8 +139,7 @@ class GatewayApp:
         started = time.perf_counter()
         try:
             session = self._session(request)
-            body = await self._body(request)
-            conv = protocol.conversation(body)
+            conv = await self._conversation(request, session, protocol)
             answer = await self.store.call(session, conv, protocol.name)
         except GatewayError as error:
             GATEWAY_CALLS.labels(protocol.name, error.kind).inc()

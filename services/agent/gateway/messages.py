@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from swerl.agent.gateway.errors import MalformedRequest
+from swerl.agent.gateway.incremental import BodyReader, DigestMemo, Group, MessageMemo, roll
 
 Message = dict[str, Any]
 
@@ -46,6 +47,8 @@ class Conversation:
     model: str
     include_usage: bool = False
     keys: list[bytes] = field(default_factory=list)
+    # Rolling digests of tools + messages (chain_digests), when the reader computed them.
+    digests: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -72,11 +75,6 @@ def message_key(message: Mapping[str, Any]) -> bytes:
     return b"\x00".join((message["role"].encode(), (message.get("content") or "").encode(), tail))
 
 
-def roll(previous: bytes, key: bytes) -> bytes:
-    """The digest of a message list from its prefix's digest and the next message's key."""
-    return hashlib.blake2b(previous + key, digest_size=16).digest()
-
-
 def chain_digests(seed: bytes, keys: Sequence[bytes]) -> list[bytes]:
     """Rolling digests: entry i identifies seed + keys[: i + 1]."""
     out = []
@@ -85,6 +83,24 @@ def chain_digests(seed: bytes, keys: Sequence[bytes]) -> list[bytes]:
         digest = roll(digest, key)
         out.append(digest)
     return out
+
+
+class ConversationReader:
+    """One session's reader of one protocol's request bodies: the body, the conversation and
+    its digests, each in time proportional to the new messages (see incremental.py)."""
+
+    def __init__(self, conversation: Callable[[Any, MessageMemo | None], Conversation]) -> None:
+        self._conversation = conversation
+        self.body = BodyReader()
+        self.memo = MessageMemo()
+        self.digests = DigestMemo()
+
+    def read(self, raw: bytes) -> Conversation:
+        """Decode, check and convert a request body, and digest its history. Raises ValueError
+        for bad JSON and MalformedRequest for a bad field."""
+        conv = self._conversation(self.body.decode(raw), self.memo)
+        conv.digests = self.digests.digests(conv.tools_key(), conv.keys)
+        return conv
 
 
 def assistant_message(content: str, reasoning: str | None, calls: Sequence[ToolCall]) -> Message:
@@ -262,7 +278,20 @@ def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     return tools or None
 
 
-def openai_conversation(body: Any) -> Conversation:
+def _keyed(messages: list[Message]) -> Group:
+    return [(m, message_key(m)) for m in messages]
+
+
+def _converted(
+    raw_messages: list[Any], one: Callable[[Any, int], list[Message]], memo: MessageMemo | None
+) -> tuple[list[Message], list[bytes]]:
+    if memo is None:
+        messages = [m for i, raw in enumerate(raw_messages) for m in one(raw, i)]
+        return messages, [message_key(m) for m in messages]
+    return memo.convert(raw_messages, lambda raw, i: _keyed(one(raw, i)))
+
+
+def openai_conversation(body: Any, memo: MessageMemo | None = None) -> Conversation:
     body = _object(body)
     model = _model(body)
     raw_messages = body.get("messages")
@@ -272,8 +301,10 @@ def openai_conversation(body: Any) -> Conversation:
     if n not in (None, 1):
         raise MalformedRequest("n: only 1 choice per request is supported", param="n")
     options = body.get("stream_options")
+    messages, keys = _converted(raw_messages, lambda m, i: [_openai_message(m, i)], memo)
     return Conversation(
-        messages=[_openai_message(m, i) for i, m in enumerate(raw_messages)],
+        messages=messages,
+        keys=keys,
         tools=_openai_tools(body),
         max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens"), required=False),
         stream=_stream(body),
@@ -380,7 +411,22 @@ def _anthropic_assistant(content: Any, where: str) -> Message:
     return message
 
 
-def anthropic_conversation(body: Any) -> Conversation:
+def _anthropic_message(raw: Any, i: int) -> list[Message]:
+    where = f"messages.{i}"
+    if not isinstance(raw, dict):
+        raise MalformedRequest(f"{where}: Input should be an object", param=where)
+    role = raw.get("role")
+    if role == "user":
+        return _anthropic_user(raw.get("content"), f"{where}.content")
+    if role == "assistant":
+        return [_anthropic_assistant(raw.get("content"), f"{where}.content")]
+    raise MalformedRequest(
+        f"{where}.role: Input should be 'user' or 'assistant', got {role!r}",
+        param=f"{where}.role",
+    )
+
+
+def anthropic_conversation(body: Any, memo: MessageMemo | None = None) -> Conversation:
     body = _object(body)
     model = _model(body)
     max_tokens = _max_tokens(body, ("max_tokens",), required=True)
@@ -388,27 +434,17 @@ def anthropic_conversation(body: Any) -> Conversation:
     if not isinstance(raw_messages, list) or not raw_messages:
         raise MalformedRequest("messages: a non-empty list is required", param="messages")
     messages: list[Message] = []
+    keys: list[bytes] = []
     system = body.get("system")
     if system is not None:
         text = _text_parts(system, "system")
         if text:
             messages.append({"role": "system", "content": text})
-    for i, raw in enumerate(raw_messages):
-        where = f"messages.{i}"
-        if not isinstance(raw, dict):
-            raise MalformedRequest(f"{where}: Input should be an object", param=where)
-        role = raw.get("role")
-        if role == "user":
-            messages += _anthropic_user(raw.get("content"), f"{where}.content")
-        elif role == "assistant":
-            messages.append(_anthropic_assistant(raw.get("content"), f"{where}.content"))
-        else:
-            raise MalformedRequest(
-                f"{where}.role: Input should be 'user' or 'assistant', got {role!r}",
-                param=f"{where}.role",
-            )
+            keys.append(message_key(messages[0]))
+    rest, rest_keys = _converted(raw_messages, _anthropic_message, memo)
     return Conversation(
-        messages=messages,
+        messages=messages + rest,
+        keys=keys + rest_keys,
         tools=_anthropic_tools(body),
         max_tokens=max_tokens,
         stream=_stream(body),

@@ -3,8 +3,10 @@
 A call: find the recorded call its history continues (by message digests, else by token
 prefix), render only what follows it (or the whole conversation for a new root) in the CPU pool,
 check the context budget, send the exact ids to the policy, parse reasoning and tool calls, and
-record the call in the session's tree. Everything here runs on the event loop except rendering,
-decoding and parsing, which go to the executor. Domain code: no HTTP, no grpc.
+record the call in the session's tree. Rendering, decoding and parsing, and building
+CloseSession's records, go to the executor: even a turn's worth of them on the loop, times a few
+hundred sessions answered in the same instant, stalls it (measured), while in the pool the loop
+takes the GIL back every switch interval. Domain code: no HTTP, no grpc.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from swerl.agent.gateway.errors import (
 )
 from swerl.agent.gateway.messages import (
     Conversation,
+    ConversationReader,
     ToolCall,
     assistant_message,
     chain_digests,
@@ -166,13 +169,13 @@ class Session:
         # so a chain's calls serialize only their new ids. Taken by a call, put back under the
         # node it recorded.
         self.policies: dict[int, TokenPolicy] = {}
+        # Per protocol: the reader that decodes only what a re-sent history adds (http.py).
+        self.readers: dict[str, ConversationReader] = {}
         self.close_request_id = ""
+        # Closed, whatever state it ended in; its records once built (off the loop by aclose).
+        self.ended = False
         self.records: list[TokenRecordData] | None = None
-
-    @property
-    def ended(self) -> bool:
-        """Closed (its records taken), whatever state it ended in."""
-        return self.records is not None
+        self.closing: asyncio.Future[list[TokenRecordData]] | None = None
 
 
 class SessionStore:
@@ -229,10 +232,33 @@ class SessionStore:
     def close(
         self, session_id: str, *, request_id: str = "", abort: bool = False
     ) -> list[TokenRecordData]:
-        session = self.get(session_id)
+        """End the session and build its records here (tests, benchmarks; the RPC uses aclose)."""
+        session = self._end(session_id, request_id, abort)
+        if session.records is None:
+            session.records = chain_records(session.tree, len(session.tree.calls))
+        return session.records
+
+    async def aclose(
+        self, session_id: str, *, request_id: str = "", abort: bool = False
+    ) -> list[TokenRecordData]:
+        """End the session at once (no call is recorded after this) and build its records in
+        the CPU pool: a long session's chains are megabytes of ids, not the event loop's work."""
+        session = self._end(session_id, request_id, abort)
         if session.records is not None:
+            return session.records
+        if session.closing is None:
+            session.closing = asyncio.ensure_future(
+                self._cpu(chain_records, session.tree, len(session.tree.calls))
+            )
+        records = await asyncio.shield(session.closing)
+        session.records = records
+        return records
+
+    def _end(self, session_id: str, request_id: str, abort: bool) -> Session:
+        session = self.get(session_id)
+        if session.ended:
             if request_id and request_id == session.close_request_id:
-                return session.records
+                return session
             raise SessionClosed(f"session {session_id!r} is closed", session_id=session_id)
         if abort or session.state is SessionState.ABORTED:
             session.state = SessionState.ABORTED
@@ -241,7 +267,8 @@ class SessionStore:
             session.state = SessionState.CLOSED
         # LIMIT_CONTEXT stays: the episode ended on its context budget.
         session.close_request_id = request_id
-        session.records = chain_records(session.tree)
+        session.ended = True
+        session.readers.clear()
         session.policies.clear()
         session.aborted.set()  # any call still in flight is answered with an error
         self._ended_order.append(session_id)
@@ -250,13 +277,13 @@ class SessionStore:
             gone = self.sessions.pop(old, None)
             if gone is not None and gone.close_request_id:
                 self._by_request = {k: v for k, v in self._by_request.items() if v != old}
-        return session.records
+        return session
 
     # -- one HTTP call --------------------------------------------------------------------------
 
     def for_call(self, session_id: str, secret: str | None) -> Session:
         session = self.sessions.get(session_id)
-        if session is None or session.records is not None:
+        if session is None or session.ended:
             if session is not None and session.state is SessionState.ABORTED:
                 raise SessionAborted(f"session {session_id} was aborted by the trainer")
             raise SessionMissing(f"no open session {session_id!r}")
@@ -282,7 +309,7 @@ class SessionStore:
         self, session: Session, conv: Conversation
     ) -> tuple[CallNode | None, int, list[bytes]]:
         """The recorded call the conversation continues and where its new messages start."""
-        digests = chain_digests(conv.tools_key(), conv.keys)
+        digests = conv.digests or chain_digests(conv.tools_key(), conv.keys)
         for i in range(len(conv.messages) - 1, -1, -1):
             if conv.messages[i]["role"] != "assistant":
                 continue
@@ -339,7 +366,7 @@ class SessionStore:
             rendered_messages=len(conv.messages) - start,
             digest=digest,
         )
-        if session.records is None:
+        if not session.ended:
             session.policies[node.index] = policy
         return CallAnswer(
             content=parsed.content,

@@ -136,12 +136,15 @@ class CallTree:
         return (node for node in self.calls if not node.children)
 
 
-def chain_records(tree: CallTree) -> list[TokenRecordData]:
-    """One record per root-to-leaf chain, leaves in the order they were recorded. A call shared
-    by several chains is trained (mask 1) in the first of them only, masked 0 elsewhere."""
+def chain_records(tree: CallTree, calls: int) -> list[TokenRecordData]:
+    """One record per root-to-leaf chain of the first `calls` calls (those recorded when the
+    session ended: this may run in the CPU pool while a late call is added on the loop), leaves
+    in the order they were recorded. A call shared by several chains is trained (mask 1) in the
+    first of them only, masked 0 elsewhere."""
     trained: set[int] = set()
     records = []
-    for leaf in tree.leaves():
+    nodes = tree.calls[:calls]
+    for leaf in (n for n in nodes if not any(c.index < calls for c in n.children)):
         path = leaf.path()
         record = TokenRecordData(prompt_ids=path[0].prompt_ids.tolist())
         previous: CallNode | None = None

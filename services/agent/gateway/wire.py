@@ -157,7 +157,7 @@ class SessionRpcs:
         done = self._closed.get(request.session_id)
         if done is not None and request.request_id and done[0] == request.request_id:
             return done[1]
-        records = store.close(
+        records = await store.aclose(
             request.session_id, request_id=request.request_id, abort=request.abort
         )
         session = store.get(request.session_id)
