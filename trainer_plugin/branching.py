@@ -187,10 +187,27 @@ def rendezvous() -> Rendezvous:
     return found
 
 
-def group_size(args: Any, *, evaluation: bool) -> int:
-    """n: the framework's samples per prompt (per eval prompt in evaluation)."""
-    name = "n_samples_per_eval_prompt" if evaluation else "n_samples_per_prompt"
-    return int(getattr(args, name, 1) or 1)
+def group_size(args: Any, *, evaluation: bool, dataset: str = "") -> int:
+    """n: the framework's samples per prompt (per eval prompt of `dataset` in evaluation)."""
+    if evaluation:
+        return eval_group_size(args, dataset)
+    return int(getattr(args, "n_samples_per_prompt", 1) or 1)
+
+
+def eval_group_size(args: Any, dataset: str) -> int:
+    """The samples per prompt of one eval dataset: its own `n_samples_per_eval_prompt` where its
+    config sets one, else the run's `n_samples_per_eval_prompt`, else `n_samples_per_prompt`
+    (the order of the frameworks' eval config, slime `utils/eval_config.py:11-15`)."""
+    for config in getattr(args, "eval_datasets", None) or []:
+        if getattr(config, "name", None) == dataset:
+            own = getattr(config, "n_samples_per_eval_prompt", None)
+            if own:
+                return int(own)
+    for name in ("n_samples_per_eval_prompt", "n_samples_per_prompt"):
+        value = getattr(args, name, None)
+        if value:
+            return int(value)
+    return 1
 
 
 def group_key(args: Any, sample: Any, size: int, *, evaluation: bool, dataset: str = "") -> Any:

@@ -132,7 +132,8 @@ async def run_generate(
     settings = plugin_settings(args)
     check_rollout_mode(args, settings, framework_name)
     call = GenerateCall(args, evaluation, framework_name, state, settings)
-    size = branch_group_size(args, settings, evaluation)
+    dataset = eval_dataset_name(args, sample) if evaluation else ""
+    size = branch_group_size(args, settings, evaluation, dataset)
     if size >= 2:
         return await _generate_in_group(call, sample, sampling_params, size)
     return await _generate_alone(call, sample, sampling_params)
@@ -210,11 +211,14 @@ async def _run_one_episode(
 # -- branching rollouts (branching.py) -------------------------------------------------------
 
 
-def branch_group_size(args: Any, settings: PluginSettings, evaluation: bool) -> int:
-    """n when the call's prompt group shares one branching episode, else 0."""
+def branch_group_size(
+    args: Any, settings: PluginSettings, evaluation: bool, dataset: str = ""
+) -> int:
+    """n when the call's prompt group shares one branching episode, else 0 (an eval group's
+    size is its dataset's)."""
     if settings.branch_at_turn <= 0 or (evaluation and not settings.branch_in_eval):
         return 0
-    return branching.group_size(args, evaluation=evaluation)
+    return branching.group_size(args, evaluation=evaluation, dataset=dataset)
 
 
 async def _generate_in_group(
@@ -501,11 +505,15 @@ def log_rollout_data(
 def log_eval_rollout_data(
     rollout_id: int, args: Any, data: dict[str, Any], extra_metrics: dict[str, Any] | None
 ) -> bool:
-    """Evaluation without infra noise: before the framework averages `eval/<dataset>`, the
-    episodes that were never graded (infra failures, cancelled episodes) are taken out of each
-    dataset's rewards, truncation flags and samples, and counted as `eval/<dataset>-infra_errors`
-    and `eval/<dataset>-cancelled`. A dataset left with no graded episode is reported by its
-    counts alone (no mean over nothing).
+    """Evaluation without infra noise, on complete groups: before the framework averages
+    `eval/<dataset>` (and, with `--log-passrate`, reshapes the rewards into groups of n and
+    asserts `len == groups x n`), every prompt group of a dataset holding an episode that was
+    never graded (infra failure, cancelled) is taken out of its rewards, truncation flags and
+    samples. Groups are blocks of the dataset's own n by `index` (which restarts per dataset).
+    The ungraded episodes are reported apart as `eval/<dataset>-infra_errors` and
+    `-cancelled`, the groups left out as `-incomplete_groups` and the graded episodes they held
+    as `-graded_left_out`. A dataset left with no complete group is reported by its counts
+    alone (no mean over nothing).
     """
     counts: dict[str, float] = {}
     for key in list(data):
@@ -513,17 +521,20 @@ def log_eval_rollout_data(
         samples = entry.get("samples")
         if samples is None:
             continue
-        kept, infra, cancelled = metrics.split_graded(samples)
-        counts[f"eval/{key}-infra_errors"] = float(infra)
-        counts[f"eval/{key}-cancelled"] = float(cancelled)
-        if len(kept) == len(samples):
+        size = branching.eval_group_size(args, key)
+        groups = metrics.complete_groups(samples, size)
+        counts[f"eval/{key}-infra_errors"] = float(groups.infra)
+        counts[f"eval/{key}-cancelled"] = float(groups.cancelled)
+        counts[f"eval/{key}-incomplete_groups"] = float(groups.incomplete)
+        counts[f"eval/{key}-graded_left_out"] = float(groups.graded_left_out)
+        if len(groups.kept) == len(samples):
             continue
-        if not kept:
+        if not groups.kept:
             del data[key]
             continue
         for field in ("rewards", "truncated", "samples"):
             if isinstance(entry.get(field), list) and len(entry[field]) == len(samples):
-                entry[field] = [entry[field][i] for i in kept]
+                entry[field] = [entry[field][i] for i in groups.kept]
     if extra_metrics is not None:
         extra_metrics.update(counts)
     elif counts:

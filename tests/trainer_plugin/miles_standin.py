@@ -446,6 +446,9 @@ def log_eval(
         log_dict[f"eval/{key}-none_reward_ratio"] = nones / len(rewards) if rewards else 0.0
         rewards = [0.0 if r is None else r for r in rewards]
         log_dict[f"eval/{key}"] = sum(rewards) / len(rewards) if rewards else 0.0
+        if getattr(args, "log_passrate", False):  # miles `ray/rollout/metrics.py:44-50`
+            passrate = standin_common.compute_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict.update({f"eval/{key}-{k}": v for k, v in passrate.items()})
     log_dict["eval/step"] = standin_common.compute_rollout_step(args, rollout_id)
     standin_common.log(args, log_dict, step_key="eval/step")
     return log_dict

@@ -313,6 +313,9 @@ def log_eval(
         log_dict[f"eval/{key}"] = sum(rewards) / len(rewards)
         if "truncated" in entry:
             log_dict[f"eval/{key}-truncated_ratio"] = sum(entry["truncated"]) / len(rewards)
+        if getattr(args, "log_passrate", False):  # slime `observability/rollout_metrics.py:238-245`
+            passrate = standin_common.compute_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict.update({f"eval/{key}-{k}": v for k, v in passrate.items()})
     log_dict["eval/step"] = standin_common.compute_rollout_step(args, rollout_id)
     standin_common.log(args, log_dict, step_key="eval/step")
     return log_dict

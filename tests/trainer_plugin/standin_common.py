@@ -39,6 +39,33 @@ def compute_rollout_step(args: Any, rollout_id: int) -> int:
     return rollout_id
 
 
+def compute_pass_rate(flat_rewards: list[Any], group_size: int) -> dict[str, float]:
+    """The frameworks' pass@k over an eval dataset's rewards: reshaped into groups of
+    `group_size` (the run's `n_samples_per_eval_prompt`), asserting `len == groups x n`
+    (slime `observability/metric_utils.py:14-40`, the assert at :27; miles
+    `utils/metric_utils.py:24`), a group's correct count being its rewards equal to 1."""
+    if group_size == 1:
+        return {}
+    groups = len(flat_rewards) // group_size
+    assert len(flat_rewards) == groups * group_size, (len(flat_rewards), groups, group_size)
+    out: dict[str, float] = {}
+    k = 1
+    while k <= group_size:
+        estimates = []
+        for g in range(groups):
+            block = flat_rewards[g * group_size : (g + 1) * group_size]
+            correct = sum(r == 1 for r in block)
+            if group_size - correct < k:
+                estimates.append(1.0)
+            else:
+                estimates.append(
+                    1.0 - math.comb(group_size - correct, k) / math.comb(group_size, k)
+                )
+        out[f"pass@{k}"] = sum(estimates) / len(estimates) if estimates else float("nan")
+        k *= 2
+    return out
+
+
 def load_function(path: str | None) -> Any:
     """Both frameworks' `load_function`: a dotted path to an attribute."""
     if not path:
