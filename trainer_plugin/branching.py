@@ -282,13 +282,17 @@ def annotate(
     group_episode_id: str,
     at_turn: int,
     branch: int | None,
+    *,
+    seed_effective: bool,
 ) -> None:
     """Marks a member's samples with its branch (None: the trunk's one unbranched result, or no
-    result at all), its seed, the fork's turn and the group's episode."""
+    result at all), its seed (and whether the engine honoured it), the fork's turn and the
+    group's episode."""
     result = outcome.result
     for sample in samples:
         sample.metadata[convert.BRANCH] = branch
         sample.metadata[convert.SAMPLING_SEED] = result.sampling_seed if result is not None else 0
+        sample.metadata[convert.SAMPLING_SEED_EFFECTIVE] = seed_effective
         sample.metadata[convert.BRANCH_AT_TURN] = at_turn
         sample.metadata[convert.BRANCH_EPISODE_ID] = group_episode_id
         sample.metadata.setdefault(convert.BRANCH_TRUNK, False)

@@ -344,7 +344,14 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 chains=call.chains,
             )
             lists[i] = out if isinstance(out, list) else [out]
-            branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
+            branching.annotate(
+                lists[i],
+                split,
+                episode_id,
+                at_turn,
+                i if branched else None,
+                seed_effective=seed_honoured(call.args),
+            )
         if per_turn and branched:
             order = sorted(lists)
 
@@ -366,7 +373,9 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                     aborted=was_cancelled,
                     spec=spec,
                 )
-                branching.annotate([made], split, episode_id, at_turn, i)
+                branching.annotate(
+                    [made], split, episode_id, at_turn, i, seed_effective=seed_honoured(call.args)
+                )
                 return made
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
@@ -634,6 +643,12 @@ def lease_owner(args: Any, sample: Any, settings: PluginSettings, *, evaluation:
         return f"{prefix}/train/group-{getattr(sample, 'group_index', None)}"
     index = getattr(sample, "index", None)
     return f"{prefix}/eval/{eval_dataset_name(args, sample)}/sample-{index}"
+
+
+def seed_honoured(args: Any) -> bool:
+    """Whether SGLang samples by `sampling_seed`: only with deterministic inference on
+    (SLIME_CONTRACT.md, "Checked 2026-11-27")."""
+    return bool(getattr(args, "sglang_enable_deterministic_inference", False))
 
 
 def eval_dataset_name(args: Any, sample: Any) -> str:
