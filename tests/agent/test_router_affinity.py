@@ -42,32 +42,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _tail(log: Path) -> str:
+    return log.read_text()[-2000:]
+
+
 @contextlib.asynccontextmanager
 async def router(worker_urls: list[str], policy: str, log: Path) -> AsyncIterator[str]:
     port = _free_port()
+    args = ["launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [_smg(), "launch", "--host", "127.0.0.1", "--port", str(port), "--policy", policy]
-            + ["--worker-urls", *worker_urls],
-            stdout=out,
-            stderr=subprocess.STDOUT,
+        proc = await asyncio.create_subprocess_exec(
+            _smg(), *args, "--worker-urls", *worker_urls, stdout=out, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
             for _ in range(150):
-                assert proc.poll() is None, log.read_text()[-2000:]
+                assert proc.returncode is None, await asyncio.to_thread(_tail, log)
                 with contextlib.suppress(aiohttp.ClientError):
                     async with session.get(url + "/health") as reply:
                         if reply.status == 200:
                             break
                 await asyncio.sleep(0.2)
             else:
-                raise AssertionError("router did not come up: " + log.read_text()[-2000:])
+                raise AssertionError(
+                    "router did not come up: " + await asyncio.to_thread(_tail, log)
+                )
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        await asyncio.wait_for(proc.wait(), 30)
 
 
 async def test_every_turn_of_an_episode_reaches_one_worker_through_the_real_router(
