@@ -19,6 +19,7 @@ import asyncio
 import copy
 import functools
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,7 @@ async def run_generate(
     group's one branching episode (branching.py)."""
     settings = plugin_settings(args)
     check_rollout_mode(args, settings, framework_name)
+    check_context_budget(args, settings)
     call = GenerateCall(args, evaluation, framework_name, state, settings)
     dataset = eval_dataset_name(args, sample) if evaluation else ""
     size = branch_group_size(args, settings, evaluation, dataset)
@@ -412,6 +414,27 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
         )
+
+
+# The args objects (by id, with a weak reference to tell a reused id) already checked.
+_context_checked: dict[int, weakref.ref[Any]] = {}
+
+
+def check_context_budget(args: Any, settings: PluginSettings) -> None:
+    """Once per run (per args object): says so when the episodes' context budget is larger
+    than the policy engine's context length (refusals.context_budget_note)."""
+    key = id(args)
+    seen = _context_checked.get(key)
+    if seen is not None and seen() is args:
+        return
+    try:
+        _context_checked[key] = weakref.ref(args, lambda _: _context_checked.pop(key, None))
+    except TypeError:  # not weak-referenceable: checked on every call
+        pass
+    budget = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
+    note = refusals.context_budget_note(budget, refusals.engine_context_length(args))
+    if note is not None:
+        _log.warning("context_budget.over_engine", detail=note)
 
 
 def check_top_p_replay(outcome: EpisodeOutcome) -> None:

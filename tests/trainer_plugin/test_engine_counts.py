@@ -14,8 +14,11 @@ import asyncio
 
 import pytest
 import standin_common
+import structlog
 from agent_playback import PlaybackAgent, PlaybackServer, Scenario, branch_result, result
 from conftest import make_args, make_sample
+
+from swerl.trainer_plugin import refusals
 
 pytestmark = pytest.mark.usefixtures("fw")
 
@@ -77,3 +80,30 @@ async def test_a_branch_seed_is_effective_only_under_deterministic_inference(
         sample = out[0] if isinstance(out, list) else out
         assert sample.metadata["sampling_seed"] > 0
         assert sample.metadata["sampling_seed_effective"] is deterministic
+
+
+@pytest.mark.parametrize(("engine", "warned"), [(8192, True), (32768, False)])
+async def test_a_context_budget_over_the_engines_context_length_is_said_once_per_run(
+    fw, sampling_params, engine, warned
+):
+    async with PlaybackServer(PlaybackAgent(lambda start: Scenario())) as server:
+        args = make_args([server.address])  # --rollout-max-context-len 16384
+        args.sglang_context_length = engine
+        with structlog.testing.capture_logs() as logs:
+            for i in range(2):
+                await fw.generate(args, make_sample(index=i), sampling_params)
+    notes = [e for e in logs if e["event"] == "context_budget.over_engine"]
+    if warned:
+        (note,) = notes  # once per run, not once per call
+        assert "16384" in note["detail"] and "8192" in note["detail"]
+    else:
+        assert notes == []
+
+
+def test_the_engines_context_length_falls_back_to_the_checkpoints_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 40960}')
+    args = make_args(["x:1"])
+    args.hf_checkpoint = str(tmp_path)
+    assert refusals.engine_context_length(args) == 40960
+    args.sglang_context_length = 4096
+    assert refusals.engine_context_length(args) == 4096
