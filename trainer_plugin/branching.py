@@ -187,10 +187,27 @@ def rendezvous() -> Rendezvous:
     return found
 
 
-def group_size(args: Any, *, evaluation: bool) -> int:
-    """n: the framework's samples per prompt (per eval prompt in evaluation)."""
-    name = "n_samples_per_eval_prompt" if evaluation else "n_samples_per_prompt"
-    return int(getattr(args, name, 1) or 1)
+def group_size(args: Any, *, evaluation: bool, dataset: str = "") -> int:
+    """n: the framework's samples per prompt (per eval prompt of `dataset` in evaluation)."""
+    if evaluation:
+        return eval_group_size(args, dataset)
+    return int(getattr(args, "n_samples_per_prompt", 1) or 1)
+
+
+def eval_group_size(args: Any, dataset: str) -> int:
+    """The samples per prompt of one eval dataset: its own `n_samples_per_eval_prompt` where its
+    config sets one, else the run's `n_samples_per_eval_prompt`, else `n_samples_per_prompt`
+    (the order of the frameworks' eval config, slime `utils/eval_config.py:11-15`)."""
+    for config in getattr(args, "eval_datasets", None) or []:
+        if getattr(config, "name", None) == dataset:
+            own = getattr(config, "n_samples_per_eval_prompt", None)
+            if own:
+                return int(own)
+    for name in ("n_samples_per_eval_prompt", "n_samples_per_prompt"):
+        value = getattr(args, name, None)
+        if value:
+            return int(value)
+    return 1
 
 
 def group_key(args: Any, sample: Any, size: int, *, evaluation: bool, dataset: str = "") -> Any:
@@ -265,13 +282,17 @@ def annotate(
     group_episode_id: str,
     at_turn: int,
     branch: int | None,
+    *,
+    seed_effective: bool,
 ) -> None:
     """Marks a member's samples with its branch (None: the trunk's one unbranched result, or no
-    result at all), its seed, the fork's turn and the group's episode."""
+    result at all), its seed (and whether the engine honoured it), the fork's turn and the
+    group's episode."""
     result = outcome.result
     for sample in samples:
         sample.metadata[convert.BRANCH] = branch
         sample.metadata[convert.SAMPLING_SEED] = result.sampling_seed if result is not None else 0
+        sample.metadata[convert.SAMPLING_SEED_EFFECTIVE] = seed_effective
         sample.metadata[convert.BRANCH_AT_TURN] = at_turn
         sample.metadata[convert.BRANCH_EPISODE_ID] = group_episode_id
         sample.metadata.setdefault(convert.BRANCH_TRUNK, False)

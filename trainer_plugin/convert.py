@@ -88,6 +88,10 @@ CANCELLED_BY = "cancelled_by"
 # trunk's shared turns (dynamic history emits those once per group).
 BRANCH = "branch"
 SAMPLING_SEED = "sampling_seed"
+# Whether the engine honoured sampling_seed: SGLang samples by the seed only with deterministic
+# inference on (slime/miles `--sglang-enable-deterministic-inference`); otherwise the seed was
+# sent but the sample is not reproducible from it.
+SAMPLING_SEED_EFFECTIVE = "sampling_seed_effective"
 BRANCH_AT_TURN = "branch_at_turn"
 BRANCH_EPISODE_ID = "branch_episode_id"
 BRANCH_TRUNK = "branch_trunk"
@@ -161,6 +165,7 @@ def outcome_to_samples(
         sample = framework.clone_sample(template)
         _fill_tokens(sample, record, decode)
         _fill_replay(sample, record, spec)
+        _fill_prefix_cache(sample, record)
         sample.status = framework.status(template, _SLIME_STATUS[result.status])
         sample.reward = float(reward)
         sample.remove_sample = False
@@ -266,6 +271,18 @@ def _fill_tokens(sample: Any, record: agent_pb2.TokenRecord, decode: Decoder | N
     sample.loss_mask = list(record.loss_mask)
     sample.rollout_log_probs = [float(x) for x in record.logprobs]
     sample.response = decode(response) if decode is not None else ""
+
+
+def _fill_prefix_cache(sample: Any, record: agent_pb2.TokenRecord) -> None:
+    """`Sample.prefix_cache_info` from the engine's counts over the record's calls, which the
+    frameworks sum into `prefix_cache_hit_rate` (slime observability/rollout_metrics.py:202-210,
+    miles ray/rollout/metrics.py:209-216). A Sample without the field (older releases) is left
+    as it is."""
+    info = getattr(sample, "prefix_cache_info", None)
+    if info is None:
+        return
+    info.cached_tokens = int(record.cached_tokens)
+    info.total_prompt_tokens = int(record.engine_prompt_tokens)
 
 
 def placeholder(

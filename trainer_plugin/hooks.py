@@ -19,6 +19,7 @@ import asyncio
 import copy
 import functools
 import uuid
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,8 +132,10 @@ async def run_generate(
     group's one branching episode (branching.py)."""
     settings = plugin_settings(args)
     check_rollout_mode(args, settings, framework_name)
+    check_context_budget(args, settings)
     call = GenerateCall(args, evaluation, framework_name, state, settings)
-    size = branch_group_size(args, settings, evaluation)
+    dataset = eval_dataset_name(args, sample) if evaluation else ""
+    size = branch_group_size(args, settings, evaluation, dataset)
     if size >= 2:
         return await _generate_in_group(call, sample, sampling_params, size)
     return await _generate_alone(call, sample, sampling_params)
@@ -210,11 +213,14 @@ async def _run_one_episode(
 # -- branching rollouts (branching.py) -------------------------------------------------------
 
 
-def branch_group_size(args: Any, settings: PluginSettings, evaluation: bool) -> int:
-    """n when the call's prompt group shares one branching episode, else 0."""
+def branch_group_size(
+    args: Any, settings: PluginSettings, evaluation: bool, dataset: str = ""
+) -> int:
+    """n when the call's prompt group shares one branching episode, else 0 (an eval group's
+    size is its dataset's)."""
     if settings.branch_at_turn <= 0 or (evaluation and not settings.branch_in_eval):
         return 0
-    return branching.group_size(args, evaluation=evaluation)
+    return branching.group_size(args, evaluation=evaluation, dataset=dataset)
 
 
 async def _generate_in_group(
@@ -340,7 +346,14 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 chains=call.chains,
             )
             lists[i] = out if isinstance(out, list) else [out]
-            branching.annotate(lists[i], split, episode_id, at_turn, i if branched else None)
+            branching.annotate(
+                lists[i],
+                split,
+                episode_id,
+                at_turn,
+                i if branched else None,
+                seed_effective=seed_honoured(call.args),
+            )
         if per_turn and branched:
             order = sorted(lists)
 
@@ -362,7 +375,9 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                     aborted=was_cancelled,
                     spec=spec,
                 )
-                branching.annotate([made], split, episode_id, at_turn, i)
+                branching.annotate(
+                    [made], split, episode_id, at_turn, i, seed_effective=seed_honoured(call.args)
+                )
                 return made
 
             shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
@@ -399,6 +414,27 @@ def check_rollout_mode(args: Any, settings: PluginSettings, framework_name: str)
             "per-turn sample lists of dynamic history (it orders group entries by .index): "
             "turn swerl_dynamic_history off, or use slime's default rollout"
         )
+
+
+# The args objects (by id, with a weak reference to tell a reused id) already checked.
+_context_checked: dict[int, weakref.ref[Any]] = {}
+
+
+def check_context_budget(args: Any, settings: PluginSettings) -> None:
+    """Once per run (per args object): says so when the episodes' context budget is larger
+    than the policy engine's context length (refusals.context_budget_note)."""
+    key = id(args)
+    seen = _context_checked.get(key)
+    if seen is not None and seen() is args:
+        return
+    try:
+        _context_checked[key] = weakref.ref(args, lambda _: _context_checked.pop(key, None))
+    except TypeError:  # not weak-referenceable: checked on every call
+        pass
+    budget = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
+    note = refusals.context_budget_note(budget, refusals.engine_context_length(args))
+    if note is not None:
+        _log.warning("context_budget.over_engine", detail=note)
 
 
 def check_top_p_replay(outcome: EpisodeOutcome) -> None:
@@ -501,11 +537,15 @@ def log_rollout_data(
 def log_eval_rollout_data(
     rollout_id: int, args: Any, data: dict[str, Any], extra_metrics: dict[str, Any] | None
 ) -> bool:
-    """Evaluation without infra noise: before the framework averages `eval/<dataset>`, the
-    episodes that were never graded (infra failures, cancelled episodes) are taken out of each
-    dataset's rewards, truncation flags and samples, and counted as `eval/<dataset>-infra_errors`
-    and `eval/<dataset>-cancelled`. A dataset left with no graded episode is reported by its
-    counts alone (no mean over nothing).
+    """Evaluation without infra noise, on complete groups: before the framework averages
+    `eval/<dataset>` (and, with `--log-passrate`, reshapes the rewards into groups of n and
+    asserts `len == groups x n`), every prompt group of a dataset holding an episode that was
+    never graded (infra failure, cancelled) is taken out of its rewards, truncation flags and
+    samples. Groups are blocks of the dataset's own n by `index` (which restarts per dataset).
+    The ungraded episodes are reported apart as `eval/<dataset>-infra_errors` and
+    `-cancelled`, the groups left out as `-incomplete_groups` and the graded episodes they held
+    as `-graded_left_out`. A dataset left with no complete group is reported by its counts
+    alone (no mean over nothing).
     """
     counts: dict[str, float] = {}
     for key in list(data):
@@ -513,17 +553,20 @@ def log_eval_rollout_data(
         samples = entry.get("samples")
         if samples is None:
             continue
-        kept, infra, cancelled = metrics.split_graded(samples)
-        counts[f"eval/{key}-infra_errors"] = float(infra)
-        counts[f"eval/{key}-cancelled"] = float(cancelled)
-        if len(kept) == len(samples):
+        size = branching.eval_group_size(args, key)
+        groups = metrics.complete_groups(samples, size)
+        counts[f"eval/{key}-infra_errors"] = float(groups.infra)
+        counts[f"eval/{key}-cancelled"] = float(groups.cancelled)
+        counts[f"eval/{key}-incomplete_groups"] = float(groups.incomplete)
+        counts[f"eval/{key}-graded_left_out"] = float(groups.graded_left_out)
+        if len(groups.kept) == len(samples):
             continue
-        if not kept:
+        if not groups.kept:
             del data[key]
             continue
         for field in ("rewards", "truncated", "samples"):
             if isinstance(entry.get(field), list) and len(entry[field]) == len(samples):
-                entry[field] = [entry[field][i] for i in kept]
+                entry[field] = [entry[field][i] for i in groups.kept]
     if extra_metrics is not None:
         extra_metrics.update(counts)
     elif counts:
@@ -624,6 +667,12 @@ def lease_owner(args: Any, sample: Any, settings: PluginSettings, *, evaluation:
         return f"{prefix}/train/group-{getattr(sample, 'group_index', None)}"
     index = getattr(sample, "index", None)
     return f"{prefix}/eval/{eval_dataset_name(args, sample)}/sample-{index}"
+
+
+def seed_honoured(args: Any) -> bool:
+    """Whether SGLang samples by `sampling_seed`: only with deterministic inference on
+    (SLIME_CONTRACT.md, "Checked 2026-11-27")."""
+    return bool(getattr(args, "sglang_enable_deterministic_inference", False))
 
 
 def eval_dataset_name(args: Any, sample: Any) -> str:

@@ -10,6 +10,7 @@ reports is not emitted at all rather than logged as 0.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from swerl.trainer_plugin import convert
@@ -104,6 +105,39 @@ def split_graded(samples: Sequence[Any]) -> tuple[list[int], int, int]:
         else:
             kept.append(i)
     return kept, infra, cancelled
+
+
+@dataclass(frozen=True)
+class EvalGroups:
+    """What `complete_groups` kept of one eval dataset's samples."""
+
+    kept: list[int]  # indices (in the list given) of the samples of complete, graded groups
+    infra: int  # episodes that ended in an infra failure
+    cancelled: int  # episodes cancelled or aborted (never graded)
+    incomplete: int  # prompt groups left out (a member ungraded or missing)
+    graded_left_out: int  # graded episodes left out with their group
+
+
+def complete_groups(samples: Sequence[Any], size: int) -> EvalGroups:
+    """The samples of the prompt groups of one eval dataset whose `size` members were all
+    graded. A member's group is `index // size` (the frameworks number an eval dataset's samples
+    0.. in prompt order, n per prompt); a sample without an int index is grouped by position."""
+    graded, infra, cancelled = split_graded(samples)
+    graded_set = set(graded)
+    members: dict[int, list[int]] = {}
+    for position, sample in enumerate(samples):
+        index = getattr(sample, "index", None)
+        block = (index if isinstance(index, int) else position) // max(size, 1)
+        members.setdefault(block, []).append(position)
+    kept: list[int] = []
+    incomplete = left_out = 0
+    for positions in members.values():
+        if len(positions) == size and all(p in graded_set for p in positions):
+            kept.extend(positions)
+        else:
+            incomplete += 1
+            left_out += sum(p in graded_set for p in positions)
+    return EvalGroups(sorted(kept), infra, cancelled, incomplete, left_out)
 
 
 def agent_metrics(samples: Sequence[Any]) -> dict[str, float]:

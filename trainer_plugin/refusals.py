@@ -24,6 +24,8 @@ its last chain alone (`lists_allowed`): the earlier chains are not trained on, n
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 
@@ -85,3 +87,34 @@ def lists_allowed(args: Any, framework_name: str) -> bool:
         return not _on(args, "log_passrate") and "fully_async" not in path
     recompute = _on(args, "recompute_logprobs_via_prefill")
     return not recompute and _dynamic_gbs_flag(args) is None
+
+
+def engine_context_length(args: Any) -> int | None:
+    """The policy engine's context length as the run configures it: `--sglang-context-length`
+    (the frameworks pass SGLang's server args with that prefix), else the checkpoint's
+    `max_position_embeddings` (SGLang's default), else None (unknown)."""
+    configured = getattr(args, "sglang_context_length", None)
+    if configured:
+        return int(configured)
+    checkpoint = getattr(args, "hf_checkpoint", None)
+    config = Path(str(checkpoint)) / "config.json" if checkpoint else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        found = json.loads(config.read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return int(found) if isinstance(found, int) and found > 0 else None
+
+
+def context_budget_note(budget: int, engine: int | None) -> str | None:
+    """One line when the episodes' context budget is larger than the engine's context length:
+    SGLang refuses a prompt past its length (HTTP 400), so episodes end LIMIT_CONTEXT there."""
+    if not budget or engine is None or budget <= engine:
+        return None
+    return (
+        f"the episodes' context budget ({budget} tokens: swerl max_context_tokens or "
+        f"--rollout-max-context-len) is larger than the policy engine's context length "
+        f"({engine} tokens): SGLang refuses longer prompts, so episodes end LIMIT_CONTEXT at "
+        f"{engine}; lower the budget or raise --sglang-context-length"
+    )

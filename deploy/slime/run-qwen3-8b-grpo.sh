@@ -74,6 +74,10 @@ TEMPERATURE=${TEMPERATURE:-1.0}
 KL_COEF=${KL_COEF:-0.0}
 TP_SIZE=${TP_SIZE:-2}                       # tensor parallel size of training
 ENGINE_GPUS=${ENGINE_GPUS:-2}               # GPUs per SGLang engine
+# The framework's SGLang router policy: one that routes by X-SMG-Routing-Key (the agent sends the
+# episode id), so an episode's turns stay on one engine and hit its prefix cache.
+# consistent_hashing in slime's and miles' router build; PyPI's sglang-router 0.3.2 calls it manual.
+ROUTER_POLICY=${ROUTER_POLICY:-consistent_hashing}
 MAX_TOKENS_PER_GPU=${MAX_TOKENS_PER_GPU:-${CONTEXT_LEN}}
 SAVE_INTERVAL=${SAVE_INTERVAL:-20}
 # The agent config (swerl/agent/configs/<name>.yaml): `default` (one bash block per reply) or
@@ -165,7 +169,8 @@ PERF_ARGS=(--tensor-model-parallel-size "${TP_SIZE}" --pipeline-model-parallel-s
   --context-parallel-size 1 --sequence-parallel --recompute-granularity full
   --recompute-method uniform --recompute-num-layers 1 --use-dynamic-batch-size
   --max-tokens-per-gpu "${MAX_TOKENS_PER_GPU}")
-SGLANG_ARGS=(--rollout-num-gpus-per-engine "${ENGINE_GPUS}" --sglang-mem-fraction-static 0.7)
+SGLANG_ARGS=(--rollout-num-gpus-per-engine "${ENGINE_GPUS}" --sglang-mem-fraction-static 0.7
+  --router-policy "${ROUTER_POLICY}")
 [[ "${TOOL_CALL_PARSER}" != - ]] && SGLANG_ARGS+=(--sglang-tool-call-parser "${TOOL_CALL_PARSER}")
 [[ "${REASONING_PARSER}" != - ]] && SGLANG_ARGS+=(--sglang-reasoning-parser "${REASONING_PARSER}")
 MISC_ARGS=(--attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32

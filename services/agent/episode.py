@@ -570,6 +570,8 @@ class Episode:
         if record.routed_experts:
             message.routed_experts = record.routed_experts
             message.routed_experts_per_token = record.experts_per_token
+        message.cached_tokens = record.cached_tokens
+        message.engine_prompt_tokens = record.engine_prompt_tokens
         if reward is not None:
             message.reward = reward
 

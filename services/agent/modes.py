@@ -184,6 +184,10 @@ class TokenMode:
                 gen.weight_version,
                 top_p=top_p,
                 experts=experts,
+                cache=(
+                    int(gen.meta.get("cached_tokens") or 0),
+                    int(gen.meta.get("prompt_tokens") or 0),
+                ),
             )
             self._last_output = gen.output_ids
         return PolicyTurn(

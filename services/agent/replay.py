@@ -32,8 +32,10 @@ import json
 import random
 import re
 import sys
+import threading
 import time
 from array import array
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -286,6 +288,7 @@ class ReplayPolicyServer:
         self.end_of_turn = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="replay")
         self._encoded: dict[str, list[int]] = {}
+        self._prefix_cache = PrefixCacheModel()
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.fault_control = fault_control
@@ -400,7 +403,7 @@ class ReplayPolicyServer:
             "finish_reason": {"type": finish},
             "prompt_tokens": len(input_ids),
             "completion_tokens": len(ids),
-            "cached_tokens": 0,
+            "cached_tokens": self._prefix_cache.serve(input_ids, ids),
             "weight_version": WEIGHT_VERSION,
         }
         custom = params.get("custom_params") or {}
@@ -445,3 +448,38 @@ class ReplayPolicyServer:
             if key in text:
                 return key
         return None
+
+
+class PrefixCacheModel:
+    """An engine's prefix cache as `meta_info.cached_tokens` reports it: the longest prefix of
+    a prompt that an earlier call's prompt + output shared (SGLang's radix cache keeps both).
+    A few recent sequences are kept per opening (the first 16 tokens); the last prompt token is
+    always computed. Thread-safe (the replay server answers in a pool)."""
+
+    KEPT_PER_OPENING = 8
+    OPENING = 16
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, ...], deque[list[int]]] = {}
+        self._lock = threading.Lock()
+
+    def serve(self, input_ids: list[int], output_ids: Sequence[int]) -> int:
+        """The cached tokens of this call; then remembers its prompt + output."""
+        key = tuple(input_ids[: self.OPENING])
+        with self._lock:
+            earlier = self._seen.setdefault(key, deque(maxlen=self.KEPT_PER_OPENING))
+            cached = max((common_prefix(input_ids, s) for s in earlier), default=0)
+            earlier.append([*input_ids, *output_ids])
+        return min(cached, max(len(input_ids) - 1, 0))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of a and b (bisection over slice compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -212,6 +212,9 @@ class TokenRecordData:
     # for each token of prompt + response except the last.
     routed_experts: bytes = b""
     experts_per_token: int = 0
+    # Prefix cache (the engine's meta_info), summed over the calls of this record's responses.
+    cached_tokens: int = 0
+    engine_prompt_tokens: int = 0
 
     def check(self) -> None:
         """Slime's Sample invariants; raises AssertionError naming the broken one."""
@@ -286,6 +289,8 @@ class Trajectory:
         self._weight_versions: list[str] = []
         # Routing replay: per turn, the experts of its whole call (sent prompt + response).
         self._experts: list[RoutedExperts | None] = []
+        # Per turn: (cached prompt tokens, prompt tokens) as the engine reported them.
+        self._cache: list[tuple[int, int]] = []
 
     def add_turn(
         self,
@@ -296,9 +301,11 @@ class Trajectory:
         *,
         top_p: tuple[Sequence[int], Sequence[int]] | None = None,
         experts: RoutedExperts | None = None,
+        cache: tuple[int, int] = (0, 0),
     ) -> None:
         """Records the exact prompt sent this turn and the response (dynamic history), with
-        the response's top-p sets and the call's routed experts when they were asked for."""
+        the response's top-p sets and the call's routed experts when they were asked for, and
+        the engine's prefix-cache counts (cached prompt tokens, prompt tokens) of the call."""
         if len(response_ids) != len(logprobs):
             raise ValueError("one logprob per response token")
         if top_p is not None and len(top_p[1]) != len(response_ids) + 1:
@@ -306,6 +313,7 @@ class Trajectory:
         self._sent.append(token_array(sent_prompt_ids))
         self._weight_versions.append(weight_version)
         self._experts.append(experts)
+        self._cache.append(cache)
         unit = Unit(array("i", response_ids), array("d", logprobs), array("i"))
         if top_p is not None:
             unit.top_p_ids, unit.top_p_offsets = token_array(top_p[0]), token_array(top_p[1])
@@ -326,8 +334,8 @@ class Trajectory:
     def turn_records(self) -> list[TokenRecordData]:
         """One record per turn: the exact prompt sent and the policy's response."""
         records = []
-        for sent, unit, version, experts in zip(
-            self._sent, self.units, self._weight_versions, self._experts, strict=True
+        for sent, unit, version, experts, cache in zip(
+            self._sent, self.units, self._weight_versions, self._experts, self._cache, strict=True
         ):
             record = TokenRecordData(
                 prompt_ids=sent.tolist(),
@@ -335,6 +343,8 @@ class Trajectory:
                 loss_mask=[1] * len(unit.response_ids),
                 logprobs=list(unit.logprobs),
                 weight_versions=[version] if version else [],
+                cached_tokens=cache[0],
+                engine_prompt_tokens=cache[1],
             )
             if unit.top_p_ids is not None and unit.top_p_offsets is not None:
                 record.top_p_token_ids = list(unit.top_p_ids)
@@ -395,6 +405,8 @@ class Trajectory:
                 record.loss_mask += [0] * len(unit.delta_ids)
                 record.logprobs += [0.0] * len(unit.delta_ids)
         record.weight_versions = [v for v in self._weight_versions[first:end] if v]
+        record.cached_tokens = sum(c for c, _ in self._cache[first:end])
+        record.engine_prompt_tokens = sum(p for _, p in self._cache[first:end])
         if all(unit.top_p_offsets is not None for unit in units):
             record.top_p_token_ids, record.top_p_token_offsets = _chain_top_p(units)
         experts = self._experts[end - 1]

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from swerl.prm.errors import JudgeBadResponse, JudgeConnectionError
+from swerl.prm.errors import JudgeBadResponse, JudgeConnectionError, JudgeReplyCut
 
 Messages = list[dict[str, str]]
 # Connecting is short; the per-vote limit covers the rest (the judge applies it).
@@ -175,6 +175,9 @@ class SglangBackend(_HttpBackend):
         text = answer.get("text")
         if not isinstance(text, str):
             raise JudgeBadResponse("judge /generate answer has no text")
+        meta = answer.get("meta_info")
+        finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+        _check_finished(finish.get("type") if isinstance(finish, dict) else finish)
         return text
 
     async def model_name(self) -> str:
@@ -247,7 +250,15 @@ class OpenAIChatBackend(_HttpBackend):
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
             raise JudgeBadResponse("judge chat completion has no choices[0].message") from exc
         self._reported_model = str(answer.get("model") or "")
+        _check_finished(answer["choices"][0].get("finish_reason"))
         return content if isinstance(content, str) else ""
 
     async def model_name(self) -> str:
         return self._reported_model or self._model_name
+
+
+def _check_finished(finish: Any) -> None:
+    """Raises JudgeReplyCut for a reply the engine aborted or cut at max_new_tokens (SGLang's
+    `meta_info.finish_reason.type`, OpenAI's `finish_reason`): its text is not a verdict."""
+    if finish in ("length", "abort"):
+        raise JudgeReplyCut(f"the judge's reply ended with finish_reason {finish!r}: not a vote")

@@ -50,5 +50,10 @@ class JudgeBadResponse(JudgeCallError):
     """The judge model's server answered with an HTTP error or an unreadable body."""
 
 
+class JudgeReplyCut(JudgeCallError):
+    """The judge's reply was aborted or cut at its length limit: whatever verdict its text
+    holds was not the judge's last word, so it is no vote (not retried)."""
+
+
 class PromptTooLong(JudgeCallError):
     """Even the shortest prompt the limits allow exceeds the judge's context budget."""

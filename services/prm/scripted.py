@@ -44,6 +44,8 @@ class Reply:
     hang: bool = False
     delay_s: float = 0.0
     raw_body: str | bytes | None = None
+    # How the engine says the reply ended: "stop", "length" (cut at max_new_tokens), "abort".
+    finish: str = "stop"
 
 
 def verdict(value: int, reasoning: str = "The step looks at the right code.", **kw: Any) -> Reply:
@@ -192,7 +194,7 @@ class ScriptedJudge:
                 "output_ids": output_ids,
                 "meta_info": {
                     "id": f"scripted-{next(self._ids)}",
-                    "finish_reason": {"type": "stop", "matched": None},
+                    "finish_reason": {"type": reply.finish, "matched": None},
                     "prompt_tokens": len(ids) if isinstance(ids, list) else 0,
                     "completion_tokens": len(output_ids),
                 },
@@ -233,7 +235,7 @@ class ScriptedJudge:
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": reply.text},
-                        "finish_reason": "stop",
+                        "finish_reason": reply.finish,
                     }
                 ],
             }

@@ -84,6 +84,7 @@ def make_args(addresses: list[str], **plugin: Any) -> argparse.Namespace:
         rollout_stop_token_ids=[151645],
         rollout_skip_special_tokens=False,
         n_samples_per_prompt=4,
+        n_samples_per_eval_prompt=1,  # the frameworks' default
         rollout_batch_size=2,
         global_batch_size=8,
         advantage_estimator="grpo",

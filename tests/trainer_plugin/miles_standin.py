@@ -41,7 +41,7 @@ from typing import Any
 
 import standin_common
 import standin_data_source
-from standin_common import LOGGED, declares_evaluation, load_function
+from standin_common import LOGGED, declares_evaluation, flat_samples, load_function
 
 NAME = "miles"
 LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
@@ -89,6 +89,9 @@ class Sample:
     rollout_routed_experts: Any = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
+    prefix_cache_info: standin_common.PrefixCacheInfo = field(
+        default_factory=standin_common.PrefixCacheInfo
+    )
 
     class Status(Enum):
         PENDING = "pending"
@@ -425,6 +428,11 @@ def log_rollout(
         return None
     log_dict = {
         **(metrics or {}),
+        # compute_metrics_from_samples' prefix-cache part (see standin_common).
+        **{
+            f"rollout/{k}": v
+            for k, v in standin_common.prefix_cache_metrics(flat_samples(samples)).items()
+        },
         "rollout/step": standin_common.compute_rollout_step(args, rollout_id),
     }
     standin_common.log(args, log_dict, step_key="rollout/step")
@@ -446,6 +454,9 @@ def log_eval(
         log_dict[f"eval/{key}-none_reward_ratio"] = nones / len(rewards) if rewards else 0.0
         rewards = [0.0 if r is None else r for r in rewards]
         log_dict[f"eval/{key}"] = sum(rewards) / len(rewards) if rewards else 0.0
+        if getattr(args, "log_passrate", False):  # miles `ray/rollout/metrics.py:44-50`
+            passrate = standin_common.compute_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict.update({f"eval/{key}-{k}": v for k, v in passrate.items()})
     log_dict["eval/step"] = standin_common.compute_rollout_step(args, rollout_id)
     standin_common.log(args, log_dict, step_key="eval/step")
     return log_dict

@@ -34,7 +34,7 @@ from typing import Any
 
 import standin_common
 import standin_data_source
-from standin_common import LOGGED, declares_evaluation, load_function
+from standin_common import LOGGED, declares_evaluation, flat_samples, load_function
 
 NAME = "slime"
 GENERATE_HOOK = "swerl.trainer_plugin.generate"
@@ -64,6 +64,9 @@ class Sample:
     rollout_routed_experts: Any = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
+    prefix_cache_info: standin_common.PrefixCacheInfo = field(
+        default_factory=standin_common.PrefixCacheInfo
+    )
 
     class Status(Enum):
         PENDING = "pending"
@@ -294,6 +297,11 @@ def log_rollout(
         return None
     log_dict = {
         **(metrics or {}),
+        # compute_metrics_from_samples' prefix-cache part (see standin_common).
+        **{
+            f"rollout/{k}": v
+            for k, v in standin_common.prefix_cache_metrics(flat_samples(samples)).items()
+        },
         "rollout/step": standin_common.compute_rollout_step(args, rollout_id),
     }
     standin_common.log(args, log_dict, step_key="rollout/step")
@@ -313,6 +321,9 @@ def log_eval(
         log_dict[f"eval/{key}"] = sum(rewards) / len(rewards)
         if "truncated" in entry:
             log_dict[f"eval/{key}-truncated_ratio"] = sum(entry["truncated"]) / len(rewards)
+        if getattr(args, "log_passrate", False):  # slime `observability/rollout_metrics.py:238-245`
+            passrate = standin_common.compute_pass_rate(rewards, args.n_samples_per_eval_prompt)
+            log_dict.update({f"eval/{key}-{k}": v for k, v in passrate.items()})
     log_dict["eval/step"] = standin_common.compute_rollout_step(args, rollout_id)
     standin_common.log(args, log_dict, step_key="eval/step")
     return log_dict

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+from dataclasses import dataclass
 from typing import Any
 
 # What the frameworks' loggers were asked to log: (step_key, metrics) per call.
@@ -37,6 +38,60 @@ def compute_rollout_step(args: Any, rollout_id: int) -> int:
         per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
         return rollout_id * per_rollout // args.global_batch_size
     return rollout_id
+
+
+@dataclass
+class PrefixCacheInfo:
+    """Stand-in of both frameworks' Sample.PrefixCacheInfo (slime utils/types.py:194-217,
+    miles utils/types.py:125): the cached and total prompt tokens of a sample's engine calls."""
+
+    cached_tokens: int = 0
+    total_prompt_tokens: int = 0
+
+
+def prefix_cache_metrics(samples: list[Any]) -> dict[str, float]:
+    """Both frameworks' rollout prefix-cache metrics over the flattened samples (slime
+    observability/rollout_metrics.py:202-210, miles ray/rollout/metrics.py:209-216)."""
+    cached = sum(s.prefix_cache_info.cached_tokens for s in samples)
+    total = sum(s.prefix_cache_info.total_prompt_tokens for s in samples)
+    return {
+        "prefix_cache_hit_rate": cached / total if total > 0 else 0.0,
+        "avg_cached_tokens_per_sample": cached / len(samples) if samples else 0.0,
+    }
+
+
+def flat_samples(node: Any) -> list[Any]:
+    """A rollout's nested samples, flattened as the frameworks flatten them."""
+    if isinstance(node, list):
+        return [s for item in node for s in flat_samples(item)]
+    return [node]
+
+
+def compute_pass_rate(flat_rewards: list[Any], group_size: int) -> dict[str, float]:
+    """The frameworks' pass@k over an eval dataset's rewards: reshaped into groups of
+    `group_size` (the run's `n_samples_per_eval_prompt`), asserting `len == groups x n`
+    (slime `observability/metric_utils.py:14-40`, the assert at :27; miles
+    `utils/metric_utils.py:24`), a group's correct count being its rewards equal to 1."""
+    if group_size == 1:
+        return {}
+    groups = len(flat_rewards) // group_size
+    assert len(flat_rewards) == groups * group_size, (len(flat_rewards), groups, group_size)
+    out: dict[str, float] = {}
+    k = 1
+    while k <= group_size:
+        estimates = []
+        for g in range(groups):
+            block = flat_rewards[g * group_size : (g + 1) * group_size]
+            correct = sum(r == 1 for r in block)
+            if group_size - correct < k:
+                estimates.append(1.0)
+            else:
+                estimates.append(
+                    1.0 - math.comb(group_size - correct, k) / math.comb(group_size, k)
+                )
+        out[f"pass@{k}"] = sum(estimates) / len(estimates) if estimates else float("nan")
+        k *= 2
+    return out
 
 
 def load_function(path: str | None) -> Any:
