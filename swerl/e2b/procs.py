@@ -255,6 +255,11 @@ MAX_CALL_AGE_S = 60.0
 COMMANDS_CALL_S = 2 * UNBOUNDED_COMMAND_S
 # The node's deadline for one of the face's own short commands (launch, poll, stdin, kill).
 SHORT_COMMAND_S = 30.0
+# A client's own timer starts before its request reaches the face, so it can give up on a command
+# (TimeoutException) a few milliseconds before the face's deadline for it fires. A command started
+# in that window would run beside the timed-out one: processes this close to their deadline are
+# killed before a new one is launched.
+DEADLINE_SLACK_S = 0.25
 
 
 @dataclass
@@ -297,7 +302,13 @@ class ProcessTable:
         env: Mapping[str, str],
         timeout_s: float | None,
     ) -> Process:
-        deadline = time.monotonic() + timeout_s if timeout_s else None
+        now = time.monotonic()
+        for due in list(self.running.values()):
+            if due.deadline is not None and not (due.ended or due.killed):
+                if due.deadline - now <= DEADLINE_SLACK_S:
+                    due.killed = True
+                    self._submit(_Op("kill", due))
+        deadline = now + timeout_s if timeout_s else None
         process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
         process.start = start_message(
             self.target.sandbox_id,
@@ -517,7 +528,7 @@ class ProcessTable:
     async def _end_killed(self, process: Process) -> None:
         """A killed process's end: E2B's `signal: killed`, or the timeout's error."""
         self._forget(process)
-        if process.deadline is not None and time.monotonic() >= process.deadline:
+        if process.deadline is not None and process.deadline - time.monotonic() <= DEADLINE_SLACK_S:
             await process._emit(
                 None,
                 ConnectError(
@@ -531,7 +542,7 @@ class ProcessTable:
     async def _expire(self, process: Process) -> None:
         assert process.deadline is not None
         await asyncio.sleep(max(0.0, process.deadline - time.monotonic()))
-        if not process.ended:
+        if not (process.ended or process.killed):
             await self.signal(process, "SIGNAL_SIGKILL")
 
     async def signal(self, process: Process, signal: str) -> None:
