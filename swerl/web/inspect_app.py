@@ -6,6 +6,7 @@ turns, patch, evaluation report), `/episode/{key}/tokens` the token view as trai
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable
@@ -133,16 +134,20 @@ async def token_page(request: web.Request) -> web.Response:
                 "counts": _counts(record),
             }
         )
+    first_turn = 0  # the episode's turn number of each chain's first policy turn
     for i, record in enumerate(tokens.get("chains") or []):
+        parts = _split(record, decode, turn_offset=first_turn)
         records.append(
             {
                 "title": f"Chain {i} (trained as one sample; a trim starts the next)",
-                **_split(record, decode),
-                "trimmed": i > 0,
-                "trimmed_turns": set(),
+                **parts,
+                "trimmed": False,
+                # a chain after the first starts where the context was trimmed: its first turn
+                "trimmed_turns": {first_turn} if i > 0 else set(),
                 "counts": _counts(record),
             }
         )
+        first_turn += sum(1 for span in parts["response_spans"] if span.turn_start)
     turns = tokens.get("turns") or []
     for i, (record, trimmed) in enumerate(zip(turns, _trim_points(turns), strict=True)):
         records.append(
@@ -163,8 +168,14 @@ async def token_page(request: web.Request) -> web.Response:
     )
 
 
-def _split(record: dict[str, Any], decode: Callable[[int], str]) -> dict[str, Any]:
+def _split(
+    record: dict[str, Any], decode: Callable[[int], str], *, turn_offset: int = 0
+) -> dict[str, Any]:
     spans = token_spans(record, decode)
+    if turn_offset:
+        spans = [
+            dataclasses.replace(s, turn=s.turn + turn_offset) if s.turn >= 0 else s for s in spans
+        ]
     cut = len(record["prompt_ids"])
     return {"prompt_spans": spans[:cut], "response_spans": spans[cut:]}
 
