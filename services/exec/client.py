@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
-from typing import cast
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import ParamSpec, cast
 
 import grpc
 
@@ -15,33 +15,7 @@ from swerl.exec.settings import DEFAULT_COMMAND_TIMEOUT_S
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
-
-def exec_start(
-    sandbox_id: str,
-    command: str,
-    *,
-    cwd: str = "",
-    env: Mapping[str, str] | None = None,
-    timeout_s: float = 0.0,
-    max_output_bytes: int = 0,
-    session: bool = False,
-    open_stdin: bool = False,
-    notify_started: bool = False,
-) -> pb.ExecRequest:
-    """The `start` request of an Exec call (the arguments of `start_message`)."""
-    return pb.ExecRequest(
-        start=start_message(
-            sandbox_id,
-            command,
-            cwd=cwd,
-            env=env,
-            timeout_s=timeout_s,
-            max_output_bytes=max_output_bytes,
-            session=session,
-            open_stdin=open_stdin,
-            notify_started=notify_started,
-        )
-    )
+P = ParamSpec("P")
 
 
 def start_message(
@@ -70,6 +44,19 @@ def start_message(
         open_stdin=open_stdin,
         notify_started=notify_started,
     )
+
+
+def _as_request(build: Callable[P, pb.ExecStart]) -> Callable[P, pb.ExecRequest]:
+    """An Exec call's first request from a `start` builder, with the builder's own signature."""
+
+    def request(*args: P.args, **kwargs: P.kwargs) -> pb.ExecRequest:
+        return pb.ExecRequest(start=build(*args, **kwargs))
+
+    return request
+
+
+# The `start` request of an Exec call: `start_message`'s arguments, typed as they are there.
+exec_start = _as_request(start_message)
 
 
 async def collect(responses: AsyncIterator[pb.ExecResponse]) -> ExecResult:
