@@ -371,10 +371,12 @@ class NodeRegistry:
         ttl = float(sb.labels.get(LABEL_TTL, "0") or 0) or self._settings.default_ttl_s
         # The lease ran until about node expiry - slack, but its holder could not renew with
         # the pool while the pool was away (and cannot before the restarted pool serves): its
-        # time does not run meanwhile. It gets a whole TTL from now to reconnect, bounded at first
-        # by the node's own expiry (which the holder kept moving on the node, see
-        # swerl.pool.client) until the renewal below moves that too.
-        expire = max(sb.expire_time - slack, min(sb.expire_time, now + ttl))
+        # time does not run meanwhile. It gets a whole TTL from now to reconnect (at least the
+        # adoption grace: a holder retries with backoff, and a short TTL is shorter than that),
+        # bounded at first by the node's own expiry (which the holder kept moving on the node,
+        # see swerl.pool.client) until the renewal below moves that too.
+        reconnect = max(ttl, self._settings.adopt_grace_s)
+        expire = max(sb.expire_time - slack, min(sb.expire_time, now + reconnect))
         lease = Lease(
             lease_id=sb.lease_id,
             request_id=sb.labels.get(LABEL_REQUEST, ""),
@@ -395,8 +397,8 @@ class NodeRegistry:
         )
         self._tokens.issue(lease, ttl)
         self._state.admit(lease)
-        if expire < now + ttl:
-            self._state.spawn(self._renew_adopted(node, lease, now + ttl))
+        if expire < now + reconnect:
+            self._state.spawn(self._renew_adopted(node, lease, now + reconnect))
 
     async def _renew_adopted(self, node: Node, lease: Lease, expire: float) -> None:
         """Moves an adopted lease's expiry to `expire`, once the node keeps its sandbox that

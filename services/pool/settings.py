@@ -47,6 +47,13 @@ class PoolSettings(ServiceSettings):
     image_refresh_interval_s: float = Field(30.0, gt=0, description="node image list refresh")
     spare_ttl_s: float = Field(600.0, gt=0, description="node-side lifetime of a warm spare")
     node_call_timeout_s: float = Field(60.0, gt=0, description="deadline of calls to nodes")
+    adopt_grace_s: float = Field(
+        10.0,
+        ge=0,
+        description="a lease a restarted pool adopts expires no sooner than this after the"
+        " adoption (or its TTL, if longer): its holder reconnects with backoff, on a machine"
+        " that may be slow",
+    )
     initial_sync_timeout_s: float = Field(
         10.0, ge=0, description="how long a starting pool waits to re-read its known nodes"
     )

@@ -19,6 +19,7 @@ import pytest
 from pool_cluster import Cluster
 
 from swerl.pool.client import PoolClient
+from swerl.pool.settings import PoolSettings
 from swerl.pool.v1 import pool_pb2 as pb
 
 TTL_S = 3.0
@@ -164,7 +165,9 @@ async def test_a_pool_away_longer_than_the_ttl_loses_no_lease(cluster, pool, bas
         assert (await one.run("echo away")).stdout == b"away\n"
         cluster.pool.start()
         await asyncio.to_thread(cluster.wait_healthy, len(cluster.nodes))
-        await asyncio.sleep(ttl_s * 1.5)
+        # Past the adoption's reconnect grace and a TTL more: only renewals over the
+        # reconnected stream keep it now.
+        await asyncio.sleep(PoolSettings.model_fields["adopt_grace_s"].default + ttl_s * 1.5)
         assert not one.lost.is_set(), one.lost_reason
         assert (await one.run("echo after")).stdout == b"after\n"
         listed = {x.lease_id: x for x in await pool.list_leases()}
