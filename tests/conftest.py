@@ -27,3 +27,20 @@ def base_image() -> str:
         # CI runs deploy/docker-up.sh first; a missing Docker there is a failure, not a skip.
         pytest.fail(problem)
     return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def harness_bundle_dir():
+    """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
+    built once and kept between runs (SWERL_TEST_BUNDLE_DIR, default ~/.cache/swerl-test/
+    bundles): the Node wheel and the npm package are downloaded only on the first run."""
+    from pathlib import Path
+
+    from swerl.exec.bundles import HARNESS_PACKAGES, HarnessBundles
+
+    root = Path(
+        os.environ.get("SWERL_TEST_BUNDLE_DIR") or Path.home() / ".cache" / "swerl-test" / "bundles"
+    )
+    package = HARNESS_PACKAGES["claude-code"]
+    HarnessBundles(root).build_blocking(package, package.default_version)
+    return root
