@@ -5,7 +5,13 @@ Adding one is one module beside `builtin` and one line in `HARNESSES`."""
 from __future__ import annotations
 
 from swerl.agent.errors import UnknownHarness
-from swerl.agent.harnesses.base import Harness, HarnessFactory, HarnessFailed, HarnessRun
+from swerl.agent.harnesses.base import (
+    Harness,
+    HarnessFactory,
+    HarnessFailed,
+    HarnessModel,
+    HarnessRun,
+)
 from swerl.agent.harnesses.builtin import BuiltinHarness
 
 DEFAULT_HARNESS = "builtin"
@@ -31,6 +37,7 @@ __all__ = [
     "Harness",
     "HarnessFactory",
     "HarnessFailed",
+    "HarnessModel",
     "HarnessRun",
     "UnknownHarness",
     "harness_named",
