@@ -32,10 +32,9 @@ def base_image() -> str:
 @pytest.fixture(scope="session")
 def harness_bundle_dir():
     """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
-    built once and kept between runs (SWERL_TEST_BUNDLE_DIR, default ~/.cache/swerl-test/
-    bundles): the Node wheel and the npm package are downloaded only on the first run."""
-    from pathlib import Path
-
+    built once and kept between runs (SWERL_EXEC_HARNESS_BUNDLE_DIR, default the local stack's
+    ~/.cache/swerl-bundles): the Node wheel and the npm package are downloaded on the first run
+    only."""
     from swerl.exec.bundles import HARNESS_PACKAGES, HarnessBundles
 
     root = Path(

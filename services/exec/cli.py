@@ -1,4 +1,5 @@
-"""`swerl exec serve` (the exec node of a Docker host)."""
+"""`swerl exec serve` (the exec node of a Docker host) and `swerl exec bundle` (its harness
+bundles, built ahead of the first harness episode)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,21 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _bundle(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from swerl.exec.bundles import HarnessBundles, harness_package
+    from swerl.exec.settings import ExecSettings
+
+    settings = ExecSettings()
+    root = Path(args.dir) if args.dir else settings.bundle_dir
+    package, version = harness_package(args.harness, args.version)
+    bundles = HarnessBundles(root, package_index=settings.harness_package_index)
+    bundle = bundles.build_blocking(package, version)
+    print(f"{bundle.harness} {bundle.version}: {bundle.host_dir}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from swerl.exec.settings import ExecSettings
 
@@ -30,3 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="serve SandboxService on the local dockerd")
     add_settings_arguments(serve, ExecSettings)
     serve.set_defaults(handler=_serve)
+    bundle = commands.add_parser(
+        "bundle", help="build a harness bundle (Node runtime + CLI harness) for this node"
+    )
+    bundle.add_argument("--harness", default="claude-code", help="harness to bundle")
+    bundle.add_argument("--version", default="", help="its package version (default: pinned)")
+    bundle.add_argument(
+        "--dir", default="", help="bundle directory (default: the node's, SWERL_EXEC_...)"
+    )
+    bundle.set_defaults(handler=_bundle)
