@@ -36,10 +36,9 @@ def harness_bundle_dir():
     ~/.cache/swerl-bundles): the Node wheel and the npm package are downloaded on the first run
     only."""
     from swerl.exec.bundles import HARNESS_PACKAGES, HarnessBundles
+    from swerl.stack import local_bundle_dir
 
-    root = Path(
-        os.environ.get("SWERL_TEST_BUNDLE_DIR") or Path.home() / ".cache" / "swerl-test" / "bundles"
-    )
+    root = local_bundle_dir()
     package = HARNESS_PACKAGES["claude-code"]
     HarnessBundles(root).build_blocking(package, package.default_version)
     return root
