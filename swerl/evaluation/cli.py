@@ -85,7 +85,9 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
         config = load_config(args.config_name)
         parser = config.tool_call_parser if config.tool_calls else ""
     server = ReplayPolicyServer(
-        {} if garbage else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser),
+        {}
+        if garbage
+        else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser, harness=args.harness),
         tokenizer_dir=args.tokenizer,
         garbage=garbage,
         latency_s=args.replay_latency,

@@ -13,12 +13,14 @@ from swerl.agent.harnesses.base import (
     HarnessRun,
 )
 from swerl.agent.harnesses.builtin import BuiltinHarness
+from swerl.agent.harnesses.mini_swe_agent import MiniSweAgentHarness
 
 DEFAULT_HARNESS = "builtin"
 
 # name -> factory of one harness per episode.
 HARNESSES: dict[str, HarnessFactory] = {
     "builtin": BuiltinHarness,
+    "mini-swe-agent": MiniSweAgentHarness,
 }
 
 
