@@ -60,6 +60,14 @@ def _node_of(env) -> str:
     return str(node.settings.node_id)
 
 
+async def _until(predicate, timeout_s: float) -> None:
+    for _ in range(int(timeout_s / 0.2)):
+        if predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
 def _replay(task, script: list[str], **options) -> ReplayPolicyServer:
     key = script_key(task.instance["problem_statement"])
     return ReplayPolicyServer({key: script}, keep_requests=True, **options)
@@ -213,8 +221,7 @@ async def test_a_gateway_that_goes_away_ends_a_mini_swe_agent_episode_infra_erro
         async with agent_stack() as env:
             call = env.stub.RunEpisode(timeout=300)
             await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-gone")))
-            while not replay.stats.requests_seen:  # mini-swe-agent is running its command
-                await asyncio.sleep(0.2)
+            await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
             await asyncio.sleep(1.0)
             gateway = env.agent.runner.gateway
             assert gateway is not None
