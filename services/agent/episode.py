@@ -329,6 +329,7 @@ class Episode:
         if self.model is not None:
             with contextlib.suppress(Exception):
                 await self.model.close()
+            self.turns = len(self.model.session.tree.calls)  # its policy calls
 
     def _sandbox(self) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
         if self._forked is not None:

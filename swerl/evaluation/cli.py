@@ -84,16 +84,10 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
 
         config = load_config(args.config_name)
         parser = config.tool_call_parser if config.tool_calls else ""
-    if garbage:
-        scripts: dict[str, list[str]] = {}
-    elif args.harness == "claude-code":  # the harness's own tools
-        from swerl.agent.harnesses.claude_code_replay import claude_code_scripts
-
-        scripts = claude_code_scripts(tasks, args.replay)
-    else:
-        scripts = scripts_for_tasks(tasks, args.replay, tool_call_parser=parser)
     server = ReplayPolicyServer(
-        scripts,
+        {}
+        if garbage
+        else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser, harness=args.harness),
         tokenizer_dir=args.tokenizer,
         garbage=garbage,
         latency_s=args.replay_latency,

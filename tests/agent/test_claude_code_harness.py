@@ -24,8 +24,7 @@ from agent_testkit import (
     start_for,
 )
 
-from swerl.agent.harnesses.claude_code_replay import gold_script
-from swerl.agent.replay import ReplayPolicyServer, script_key
+from swerl.agent.replay import ReplayPolicyServer, claude_code_script, script_key
 from swerl.agent.toolcalls import get_tool_call_format
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
@@ -91,7 +90,7 @@ def _holds(record: pb.TokenRecord, sent: list[int], sampled: list[int]) -> bool:
 async def test_a_gold_episode_resolves_with_exact_token_samples_and_its_own_log(tmp_path):
     task = bundled_tasks()[0]
     replay = ReplayPolicyServer(
-        {script_key(task.instance["problem_statement"]): gold_script(task.gold_patch)},
+        {script_key(task.instance["problem_statement"]): claude_code_script(task.gold_patch)},
         keep_requests=True,
     )
     url = await replay.start()
@@ -183,7 +182,7 @@ async def test_a_harness_that_never_exits_ends_harness_timeout_at_its_budget():
 async def test_an_abort_during_the_run_stops_the_harness_at_once():
     task = bundled_tasks()[0]
     key = script_key(task.instance["problem_statement"])
-    replay = ReplayPolicyServer({key: gold_script(task.gold_patch)}, abort_on_turn=1)
+    replay = ReplayPolicyServer({key: claude_code_script(task.gold_patch)}, abort_on_turn=1)
     url = await replay.start()
     try:
         async with agent_stack() as env:

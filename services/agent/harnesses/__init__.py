@@ -14,6 +14,7 @@ from swerl.agent.harnesses.base import (
 )
 from swerl.agent.harnesses.builtin import BuiltinHarness
 from swerl.agent.harnesses.claude_code import ClaudeCodeHarness
+from swerl.agent.harnesses.mini_swe_agent import MiniSweAgentHarness
 
 DEFAULT_HARNESS = "builtin"
 
@@ -21,6 +22,7 @@ DEFAULT_HARNESS = "builtin"
 HARNESSES: dict[str, HarnessFactory] = {
     "builtin": BuiltinHarness,
     "claude-code": ClaudeCodeHarness,
+    "mini-swe-agent": MiniSweAgentHarness,
 }
 
 
