@@ -219,3 +219,26 @@ async def test_the_trainers_cancel_during_the_run_stops_the_harness_at_once():
     assert result.status == pb.EPISODE_STATUS_CANCELLED
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
     assert took < 15.0, took
+
+
+async def test_a_gateway_that_goes_away_ends_the_episode_infra_error_and_stops_the_cli():
+    task = bundled_tasks()[0]
+    replay = ReplayPolicyServer({script_key(task.instance["problem_statement"]): [HANG]})
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            call, _ = await _run_until_requests(env, _start(task, url, "cc-gone"), replay, 1)
+            await asyncio.sleep(2)  # its Bash call is running
+            gateway = env.agent.runner.gateway
+            assert gateway is not None
+            stopped = time.monotonic()
+            await gateway.stop()
+            result = await _rest(call)
+            took = time.monotonic() - stopped
+            await _nothing_left(env)
+    finally:
+        await replay.stop()
+    assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
+    assert result.error_reason == "GATEWAY_GONE"
+    assert not result.HasField("reward") and not result.HasField("report")
+    assert took < 20.0, took
