@@ -24,16 +24,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _bundle(args: argparse.Namespace) -> int:
+    # The node's own settings without the server's (no auth token needed to build files).
+    import os
+    import sys
     from pathlib import Path
 
+    from swerl.chassis.errors import SwerlError
     from swerl.exec.bundles import HarnessBundles, harness_package
-    from swerl.exec.settings import ExecSettings
 
-    settings = ExecSettings()
-    root = Path(args.dir) if args.dir else settings.bundle_dir
-    package, version = harness_package(args.harness, args.version)
-    bundles = HarnessBundles(root, package_index=settings.harness_package_index)
-    bundle = bundles.build_blocking(package, version)
+    state = Path(os.environ.get("SWERL_EXEC_STATE_DIR", "/var/lib/swerl/exec"))
+    root = Path(args.dir or os.environ.get("SWERL_EXEC_HARNESS_BUNDLE_DIR") or state / "bundles")
+    index = os.environ.get("SWERL_EXEC_HARNESS_PACKAGE_INDEX", "")
+    try:
+        package, version = harness_package(args.harness, args.version)
+        bundle = HarnessBundles(root, package_index=index).build_blocking(package, version)
+    except SwerlError as err:  # an unknown harness or version, a build that failed
+        print(f"swerl exec bundle: {err}", file=sys.stderr)
+        return 2
     print(f"{bundle.harness} {bundle.version}: {bundle.host_dir}")
     return 0
 
@@ -52,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bundle.add_argument("--harness", default="claude-code", help="harness to bundle")
     bundle.add_argument("--version", default="", help="its package version (default: pinned)")
     bundle.add_argument(
-        "--dir", default="", help="bundle directory (default: the node's, SWERL_EXEC_...)"
+        "--dir",
+        default="",
+        help="bundle directory (default: SWERL_EXEC_HARNESS_BUNDLE_DIR, else"
+        " $SWERL_EXEC_STATE_DIR/bundles, as the node)",
     )
     bundle.set_defaults(handler=_bundle)

@@ -242,3 +242,73 @@ async def test_a_bundle_the_node_cannot_build_is_unavailable(node_factory, tmp_p
     assert_status(err, grpc.StatusCode.UNAVAILABLE, "BUNDLE_BUILD_FAILED")
     assert "pip download" in (err.details() or "")
     assert os.listdir(bundles) == []
+
+
+async def _via_socket(socket_path, method: str, path: str, **kwargs):
+    """One request on the bridge's socket from the host, through a short link to its directory
+    (a test's state directory is deeper than a socket address allows)."""
+    import tempfile
+
+    import aiohttp
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:
+        link = os.path.join(short, "io")
+        os.symlink(socket_path.parent, link)
+        connector = aiohttp.UnixConnector(path=os.path.join(link, socket_path.name))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.request(method, f"http://sandbox{path}", **kwargs) as response:
+                return response.status, await response.json(content_type=None)
+
+
+async def test_a_gateway_the_bridge_cannot_reach_is_a_502_in_the_anthropic_error_shape(
+    harness_node, base_image
+):
+    sandbox = await harness_node.create(base_image, workdir="/tmp")
+    # Nothing listens on port 9 of the host's loopback.
+    request = pb.OpenHarnessRequest(
+        sandbox_id=sandbox.sandbox_id, harness="claude-code", gateway_url="http://127.0.0.1:9/s/x"
+    )
+    await harness_node.stub.OpenHarness(request, timeout=RPC_TIMEOUT_S)
+    socket_path = harness_node.node.manager.io_dir(sandbox.sandbox_id) / "gateway.sock"
+    status, body = await _via_socket(socket_path, "POST", "/v1/messages", json={})
+    assert status == 502
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert "gateway is unreachable" in body["error"]["message"]
+    assert harness_node.node.harnesses.bridges.counts(sandbox.sandbox_id) == (1, 1)
+
+
+async def test_the_bridge_reaches_only_below_its_session(harness_node, base_image, stand_in):
+    sandbox = await harness_node.create(base_image, workdir="/tmp")
+    await _open(harness_node, sandbox.sandbox_id, stand_in.port)
+    socket_path = harness_node.node.manager.io_dir(sandbox.sandbox_id) / "gateway.sock"
+    # A path that climbs out of the session still lands below it (the gateway answers 404 to
+    # what it does not serve there); opening again re-targets the same socket.
+    for path in ("/../other/v1/messages", "/%2e%2e/other/v1/models", "//evil.example/v1"):
+        status, body = await _via_socket(socket_path, "GET", path)
+        assert status == 200
+        assert body["echo"].startswith("/s/sess-1/"), (path, body)
+    request = pb.OpenHarnessRequest(
+        sandbox_id=sandbox.sandbox_id,
+        harness="claude-code",
+        gateway_url=f"http://127.0.0.1:{stand_in.port}/s/sess-2",
+    )
+    await harness_node.stub.OpenHarness(request, timeout=RPC_TIMEOUT_S)
+    status, body = await _via_socket(socket_path, "GET", "/v1/models")
+    assert (status, body["echo"]) == (200, "/s/sess-2/v1/models")
+
+
+def test_swerl_exec_bundle_builds_once_and_names_the_bundle(harness_bundle_dir):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "swerl.cli", "exec", "bundle", "--dir", str(harness_bundle_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    version = HARNESS_PACKAGES["claude-code"].default_version
+    assert (
+        out.stdout.strip() == f"claude-code {version}: {harness_bundle_dir}/claude-code-{version}"
+    )
