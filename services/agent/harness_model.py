@@ -26,6 +26,7 @@ from swerl.agent.gateway.session import Session, SessionSpec, SessionState
 from swerl.agent.harnesses.base import HarnessModel
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.tokens import TokenRecordData
+from swerl.chassis.errors import SwerlError
 
 T = TypeVar("T")
 
@@ -79,8 +80,12 @@ class EpisodeModel:
 
     @classmethod
     async def open(cls, gateway: Gateway, spec: EpisodeSpec, key: str) -> EpisodeModel:
-        """Opens the session (idempotent per episode run `key`)."""
-        session = await gateway.store.open(session_spec(spec), request_id=f"{key}-harness")
+        """Opens the session (idempotent per episode run `key`). A gateway that cannot open it
+        (at its session limit, its tokenizer unloadable) is the episode's infra failure."""
+        try:
+            session = await gateway.store.open(session_spec(spec), request_id=f"{key}-harness")
+        except SwerlError as err:
+            raise EpisodeInfraError(err.reason, str(err)) from err
         return cls(gateway, session)
 
     def _failure(self) -> BaseException | None:

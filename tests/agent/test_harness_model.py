@@ -260,3 +260,22 @@ async def test_a_harness_episode_needs_exact_tokens_and_whole_chains(
     reason, metadata = error_info(caught.value)
     assert reason == "INVALID_EPISODE_START"
     assert metadata.get("field") == field
+
+
+async def test_a_served_gateway_at_its_session_limit_ends_a_harness_episode_infra_error(
+    chat_harness,
+):
+    task = bundled_tasks()[0]
+    async with agent_stack(gateway_port=0, gateway_max_sessions=0) as env:
+        # The agent's served gateway is the one harness episodes open their sessions on.
+        assert env.agent.runner.gateway is env.agent.gateway
+        start = _start(task, "http://127.0.0.1:9", "hm-capacity", chat_harness.name)
+        result = result_of(await run_to_result(env.stub, start))
+        await _no_leases(env)
+        node = _node_of(env)
+    assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
+    assert result.error_reason == "GATEWAY_AT_CAPACITY"
+    assert "open sessions" in result.error_message
+    assert chat_harness.model is None  # the harness never started
+    assert not result.HasField("reward")
+    assert sandboxes_left(node) == []

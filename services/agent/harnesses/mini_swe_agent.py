@@ -129,7 +129,7 @@ def _gateway_model(models: Any, stop: threading.Event) -> type:
     """mini-swe-agent's tool-calling LitellmModel, refusing to call once the episode stopped
     (and not retrying that refusal)."""
 
-    class GatewayModel(models.LitellmModel):  # type: ignore[misc, name-defined]
+    class GatewayModel(models.LitellmModel):
         abort_exceptions: ClassVar[list[type[BaseException]]] = [
             *models.LitellmModel.abort_exceptions,
             HarnessStopped,
