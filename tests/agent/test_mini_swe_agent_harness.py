@@ -261,3 +261,28 @@ async def test_a_trainer_abort_during_a_mini_swe_agent_run_ends_it_aborted_at_on
     assert len(replay.stats.requests_seen) == 3
     assert elapsed < 120, elapsed
     assert sandboxes_left(node) == []
+
+
+async def test_a_trainer_cancel_during_a_mini_swe_agent_run_stops_it_at_once():
+    task = bundled_tasks()[1]
+    replay = _replay(task, [_mini_bash("Waiting.", "sleep 600")])
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            call = env.stub.RunEpisode(timeout=300)
+            await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-cancel")))
+            await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
+            await asyncio.sleep(1.0)
+            sent = time.monotonic()
+            cancel = pb.EpisodeCancel(reason="rollout aborted")
+            await call.write(pb.RunEpisodeRequest(cancel=cancel))
+            result = result_of([message async for message in call])
+            took = time.monotonic() - sent
+            await _no_leases(env)
+            node = _node_of(env)
+    finally:
+        await replay.stop()
+    assert result.status == pb.EPISODE_STATUS_CANCELLED
+    assert result.error_message == "rollout aborted" and not result.HasField("reward")
+    assert took < 5.0, took
+    assert sandboxes_left(node) == []
