@@ -286,3 +286,34 @@ async def test_a_trainer_cancel_during_a_mini_swe_agent_run_stops_it_at_once():
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
     assert took < 5.0, took
     assert sandboxes_left(node) == []
+
+
+async def test_mini_swe_agent_over_its_context_budget_ends_limit_context():
+    task = bundled_tasks()[1]
+    replay = _replay(task, mini_swe_agent_script(task.gold_patch))
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            # A first run measures the calls; the budget then fits the second call and its
+            # reply but not the third call's prompt.
+            probe = result_of(await run_to_result(env.stub, _start(task, url, "mini-probe")))
+            assert probe.status == pb.EPISODE_STATUS_SUBMITTED
+            (_, _), (second_in, second_out), (third_in, _) = replay.stats.requests_seen[:3]
+            budget = len(second_in) + len(second_out) + 1
+            assert budget <= len(third_in)
+            replay.stats.requests_seen.clear()
+            start = _start(task, url, "mini-context")
+            start.limits.max_context_tokens = budget
+            result = result_of(await run_to_result(env.stub, start))
+            await _no_leases(env)
+            node = _node_of(env)
+    finally:
+        await replay.stop()
+    # The session refused the third call over the budget (context_length_exceeded, which
+    # mini-swe-agent does not retry); its run failed on it: LIMIT_CONTEXT, graded.
+    assert result.status == pb.EPISODE_STATUS_LIMIT_CONTEXT, result.error_message
+    assert "ContextWindowExceededError" in result.error_message
+    assert result.metrics["gateway_context_errors"] == 1.0
+    assert len(replay.stats.requests_seen) == 2
+    assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL  # fix applied
+    assert sandboxes_left(node) == []
