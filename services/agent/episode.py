@@ -310,7 +310,11 @@ class Episode:
             else:
                 submitted = await self.model.guard(self._prepare_and_run(run))
         except HarnessFailed as err:
-            self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
+            if self.model is not None and self.model.context_exhausted:
+                # It failed on the context budget its session refused: as swerl's loop ends.
+                self._end(EpisodeStatus.LIMIT_CONTEXT, "", err.detail)
+            else:
+                self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
             return
         except PolicyAborted as err:
             self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", str(err))

@@ -128,6 +128,12 @@ class EpisodeModel:
                     await task
         raise failure
 
+    @property
+    def context_exhausted(self) -> bool:
+        """The session refused a call over the episode's context budget (a harness that then
+        fails ends LIMIT_CONTEXT, not HARNESS_FAILED)."""
+        return self.session.state is SessionState.LIMIT_CONTEXT
+
     async def close(self) -> list[TokenRecordData]:
         """Ends the session (idempotent) and returns its records, built in the CPU pool."""
         if self.records is None:

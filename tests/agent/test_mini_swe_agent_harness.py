@@ -261,3 +261,59 @@ async def test_a_trainer_abort_during_a_mini_swe_agent_run_ends_it_aborted_at_on
     assert len(replay.stats.requests_seen) == 3
     assert elapsed < 120, elapsed
     assert sandboxes_left(node) == []
+
+
+async def test_a_trainer_cancel_during_a_mini_swe_agent_run_stops_it_at_once():
+    task = bundled_tasks()[1]
+    replay = _replay(task, [_mini_bash("Waiting.", "sleep 600")])
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            call = env.stub.RunEpisode(timeout=300)
+            await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-cancel")))
+            await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
+            await asyncio.sleep(1.0)
+            sent = time.monotonic()
+            cancel = pb.EpisodeCancel(reason="rollout aborted")
+            await call.write(pb.RunEpisodeRequest(cancel=cancel))
+            result = result_of([message async for message in call])
+            took = time.monotonic() - sent
+            await _no_leases(env)
+            node = _node_of(env)
+    finally:
+        await replay.stop()
+    assert result.status == pb.EPISODE_STATUS_CANCELLED
+    assert result.error_message == "rollout aborted" and not result.HasField("reward")
+    assert took < 5.0, took
+    assert sandboxes_left(node) == []
+
+
+async def test_mini_swe_agent_over_its_context_budget_ends_limit_context():
+    task = bundled_tasks()[1]
+    replay = _replay(task, mini_swe_agent_script(task.gold_patch))
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            # A first run measures the calls; the budget then fits the second call and its
+            # reply but not the third call's prompt.
+            probe = result_of(await run_to_result(env.stub, _start(task, url, "mini-probe")))
+            assert probe.status == pb.EPISODE_STATUS_SUBMITTED
+            (_, _), (second_in, second_out), (third_in, _) = replay.stats.requests_seen[:3]
+            budget = len(second_in) + len(second_out) + 1
+            assert budget <= len(third_in)
+            replay.stats.requests_seen.clear()
+            start = _start(task, url, "mini-context")
+            start.limits.max_context_tokens = budget
+            result = result_of(await run_to_result(env.stub, start))
+            await _no_leases(env)
+            node = _node_of(env)
+    finally:
+        await replay.stop()
+    # The session refused the third call over the budget (context_length_exceeded, which
+    # mini-swe-agent does not retry); its run failed on it: LIMIT_CONTEXT, graded.
+    assert result.status == pb.EPISODE_STATUS_LIMIT_CONTEXT, result.error_message
+    assert "ContextWindowExceededError" in result.error_message
+    assert result.metrics["gateway_context_errors"] == 1.0
+    assert len(replay.stats.requests_seen) == 2
+    assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL  # fix applied
+    assert sandboxes_left(node) == []
