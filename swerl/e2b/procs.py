@@ -114,9 +114,10 @@ class Process:
                 self.ended = True
             self.changed.notify_all()
 
-    async def follow(self, start: int, keepalive_s: float) -> AsyncIterator[dict[str, Any]]:
-        """The events from index `start` on, as they come, with a keepalive event after each
-        quiet `keepalive_s`; ends after the last one."""
+    async def follow(self, start: int, keepalive_s: float) -> AsyncIterator[list[dict[str, Any]]]:
+        """The events from index `start` on, in batches as they come (what has come since the
+        last batch, so a stream can send them in one write), with a keepalive event after each
+        quiet `keepalive_s`; ends after the batch with the last one."""
         index = start
 
         def moved() -> bool:
@@ -132,11 +133,11 @@ class Process:
                 batch = self.events[index:]
                 done = self.ended
             if quiet and not batch and not done:
-                yield {"keepalive": {}}
+                yield [{"keepalive": {}}]
                 continue
             index += len(batch)
-            for event in batch:
-                yield event
+            if batch:
+                yield batch
             if done and index >= len(self.events):
                 return
 

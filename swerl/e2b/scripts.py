@@ -89,8 +89,12 @@ def _tail(path: str, offset: int, cap: int, stream: str) -> str:
     )
 
 
+# Every file a process can have (named, not globbed: a glob reads /tmp once per pattern).
+_SUFFIXES = (".out", ".err", ".rc", ".pgid", ".in", ".hold")
+
+
 def _remove(ended: Iterable[int]) -> str:
-    names = " ".join(f"{files(pid)}.*" for pid in ended)
+    names = " ".join(files(pid) + suffix for pid in ended for suffix in _SUFFIXES)
     return f"rm -f {names}; " if names else ""
 
 
