@@ -295,15 +295,14 @@ async def files_get(request: web.Request) -> web.StreamResponse:
         size = await files.file_size(sandbox.target, path)
     except ConnectError as error:
         return _file_error(error)
-    response = web.StreamResponse(
-        headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}
-    )
+    # The body is chunked, not sized up front: the file may shrink or be rewritten between
+    # its stat and its last segment, and a Content-Length the body then falls short of leaves
+    # the client waiting for bytes that never come.
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.enable_chunked_encoding()
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError, ConnectionError):
-        sent = 0
         async for chunk in files.read(sandbox.target, path, size):
-            chunk = chunk[: size - sent]
-            sent += len(chunk)
             await response.write(chunk)
         await response.write_eof()
     return response
