@@ -37,6 +37,8 @@ def _big_file(sandbox: Sandbox) -> str:
 def test_output_far_above_one_reports_cap_comes_back_exact(small_face: Face, base_image: str):
     sandbox = Sandbox.create(base_image, timeout=120, **small_face.opts)
     try:
+        # Read back inline with bash builtins: every byte, NULs included.
+        assert sandbox.commands.run("printf 'a\\0b\\0\\0c\\n'").stdout == "a\0b\0\0c\n"
         big = _big_file(sandbox)
         assert len(big) > 8 * SMALL_OUTPUT_CAP
         # A quick foreground command: more than its launch reads inline, read on by polls.
