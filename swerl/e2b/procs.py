@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -181,7 +182,10 @@ class ProcessTable:
         # What one report reads of each stream: both streams and the header stay under the
         # node's output cap of a command, which would otherwise drop the middle of a large one.
         self.cap = max(1, min(max_poll_bytes, (max_output_bytes - 64) // 2))
-        self._trash: list[int] = []  # ended and read: their files can go
+        self._trash: list[str] = []  # records of processes ended and read: their files can go
+        # Record names are this table's own (a sandbox made from a snapshot of another holds
+        # the files the other had then; its pids start over).
+        self._records = secrets.token_hex(4)
         self.running: dict[int, Process] = {}
         self._pids = itertools.count(1000)
         self._ops: deque[_Op] = deque()
@@ -212,7 +216,9 @@ class ProcessTable:
         process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
         process.start = start_message(
             self.target.sandbox_id,
-            launch_command(job_spec(config.cmd, config.args, user), process.pid, stdin, self.cap),
+            launch_command(
+                job_spec(config.cmd, config.args, user), self._rec(process), stdin, self.cap
+            ),
             cwd=config.cwd or "",
             env={**env, **config.envs},
             timeout_s=SHORT_COMMAND_S,
@@ -367,7 +373,7 @@ class ProcessTable:
 
     def _forget(self, process: Process) -> None:
         if self.running.pop(process.pid, None) is not None:
-            self._trash.append(process.pid)
+            self._trash.append(self._rec(process))
         if process in self._live:
             self._live.remove(process)
 
@@ -381,7 +387,7 @@ class ProcessTable:
         elif op.kind == "stdin":
             if process.ended or process not in self._live:
                 return
-            start = self._short(stdin_command(process.pid, op.close), stdin=True)
+            start = self._short(stdin_command(self._rec(process), op.close), stdin=True)
             try:
                 await self._command(start, op.data)
             except grpc.aio.AioRpcError as err:
@@ -400,11 +406,14 @@ class ProcessTable:
             self._live.append(process)
         return True
 
-    def _take_trash(self) -> list[int]:
+    def _rec(self, process: Process) -> str:
+        return f"{self._records}-{process.pid}"
+
+    def _take_trash(self) -> list[str]:
         taken, self._trash = self._trash, []
         return taken
 
-    async def _reported(self, process: Process, source: str, ended: list[int]) -> bool:
+    async def _reported(self, process: Process, source: str, ended: list[str]) -> bool:
         try:
             out, err, _ = await self._command(self._short(source))
         except BaseException:
@@ -414,12 +423,14 @@ class ProcessTable:
 
     async def _poll(self, process: Process) -> bool:
         ended = self._take_trash()
-        source = poll_command(process.pid, process.out_read, process.err_read, self.cap, ended)
+        rec, seen = self._rec(process), (process.out_read, process.err_read)
+        source = poll_command(rec, *seen, self.cap, ended)
         return await self._reported(process, source, ended)
 
     async def _kill(self, process: Process) -> bool:
         ended = self._take_trash()
-        source = kill_command(process.pid, process.out_read, process.err_read, self.cap, ended)
+        rec, seen = self._rec(process), (process.out_read, process.err_read)
+        source = kill_command(rec, *seen, self.cap, ended)
         return await self._reported(process, source, ended)
 
     async def _cleanup(self) -> None:

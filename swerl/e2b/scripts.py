@@ -23,7 +23,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Where a process's files live in the sandbox: PREFIX<pid>.out/.err (its output), .rc (its exit
+# Where a process's files live in the sandbox: PREFIX<rec>.out/.err (its output), .rc (its exit
 # status), .in (its stdin FIFO), .hold (the pid of what keeps that FIFO open), .pgid.
 RECORD_PREFIX = "/tmp/.swerl-e2b-"
 # How long the launching command waits for a short process to end, so that a quick command
@@ -45,8 +45,8 @@ class JobSpec:
     in_group_shell: bool  # CMD may run in the group's own shell (no subshell fork)
 
 
-def files(pid: int) -> str:
-    return f"{RECORD_PREFIX}{pid}"
+def files(rec: str) -> str:
+    return f"{RECORD_PREFIX}{rec}"
 
 
 # A bash function that copies at most $2 bytes of file $1 to stdout with builtins only (no
@@ -93,12 +93,12 @@ def _tail(path: str, offset: int, cap: int, stream: str) -> str:
 _SUFFIXES = (".out", ".err", ".rc", ".pgid", ".in", ".hold")
 
 
-def _remove(ended: Iterable[int]) -> str:
-    names = " ".join(files(pid) + suffix for pid in ended for suffix in _SUFFIXES)
+def _remove(ended: Iterable[str]) -> str:
+    names = " ".join(files(rec) + suffix for rec in ended for suffix in _SUFFIXES)
     return f"rm -f {names}; " if names else ""
 
 
-def launch_command(job: JobSpec, pid: int, stdin: bool, cap: int) -> str:
+def launch_command(job: JobSpec, rec: str, stdin: bool, cap: int) -> str:
     """The bash source that starts an E2B process detached from the node's command queue.
 
     The process runs as a job of its own (`set -m`: its own process group, which a kill ends
@@ -110,7 +110,7 @@ def launch_command(job: JobSpec, pid: int, stdin: bool, cap: int) -> str:
     up to INLINE_READ_BYTES of each stream, read with builtins); one that does not answers `R`
     and is followed by `poll_command`.
     """
-    f, done = files(pid), DONE_FIFO
+    f, done = files(rec), DONE_FIFO
     inline = min(INLINE_READ_BYTES, cap)
     if stdin:
         fifo = f"mkfifo {f}.in; "
@@ -118,7 +118,7 @@ def launch_command(job: JobSpec, pid: int, stdin: bool, cap: int) -> str:
         job_in, unhold = f"<{f}.in", "kill $__e2b_h 2>/dev/null; "
     else:
         fifo, hold, job_in, unhold = "", "", "</dev/null", ""
-    record = f"echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}"
+    record = f"echo $__e2b_rc >{f}.rc; echo {rec} $__e2b_rc 1<>{done}"
     if job.in_group_shell:
         # CMD runs in the group's own shell (no subshell fork); its status is recorded by an
         # EXIT trap, which an `exit` in CMD runs too.
@@ -137,17 +137,17 @@ def launch_command(job: JobSpec, pid: int, stdin: bool, cap: int) -> str:
         f"[ -p {done} ] || mkfifo {done}; exec 4<>{done}; {fifo}set -m; {group} "
         f"echo $! >{f}.pgid; set +m; __e2b_rc=; "
         f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
-        f'[ "$__e2b_p" = {pid} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
+        f'[ "$__e2b_p" = {rec} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
         f"if [ -n \"$__e2b_rc\" ]; then printf 'E %s\\n' $__e2b_rc; {_CAT}"
         f"[ -s {f}.out ] && __e2b_cat {f}.out {inline}; "
         f"[ -s {f}.err ] && __e2b_cat {f}.err {inline} >&2; else printf 'R\\n'; fi"
     )
 
 
-def poll_command(pid: int, out_from: int, err_from: int, cap: int, ended: Iterable[int]) -> str:
+def poll_command(rec: str, out_from: int, err_from: int, cap: int, ended: Iterable[str]) -> str:
     """Bash that reports a detached process: `E <status>` (it has ended) or `R`, then at most
     `cap` bytes of each stream from the offsets seen; the files of `ended` are removed."""
-    f = files(pid)
+    f = files(rec)
     return (
         _remove(ended) + f"if [ -e {f}.rc ]; then read -r __e2b_rc <{f}.rc; "
         "printf 'E %s\\n' $__e2b_rc; else printf 'R\\n'; fi; "
@@ -157,10 +157,10 @@ def poll_command(pid: int, out_from: int, err_from: int, cap: int, ended: Iterab
     )
 
 
-def kill_command(pid: int, out_from: int, err_from: int, cap: int, ended: Iterable[int]) -> str:
+def kill_command(rec: str, out_from: int, err_from: int, cap: int, ended: Iterable[str]) -> str:
     """Bash that kills a detached process's whole group (its stdin holder with it), then
     reports `K` and at most `cap` bytes of each stream it wrote from the offsets seen."""
-    f = files(pid)
+    f = files(rec)
     return (
         _remove(ended)
         + f"[ -s {f}.pgid ] && kill -KILL -- -$(<{f}.pgid) 2>/dev/null; printf 'K\\n'; "
@@ -170,15 +170,15 @@ def kill_command(pid: int, out_from: int, err_from: int, cap: int, ended: Iterab
     )
 
 
-def cleanup_command(ended: Iterable[int]) -> str:
+def cleanup_command(ended: Iterable[str]) -> str:
     """Bash that removes the files of processes that have ended and been read."""
     return _remove(ended) + "true"
 
 
-def stdin_command(pid: int, close: bool) -> str:
+def stdin_command(rec: str, close: bool) -> str:
     """Bash that copies the command's own stdin into the process's FIFO (opened read-write, so
     it never blocks on a process that has ended), and ends the FIFO's holder on close."""
-    f = files(pid)
+    f = files(rec)
     source = f"[ -p {f}.in ] && cat 1<>{f}.in || cat >/dev/null"
     if close:
         source += f"; [ -s {f}.hold ] && kill $(<{f}.hold) 2>/dev/null; true"
