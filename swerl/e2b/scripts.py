@@ -82,10 +82,12 @@ def job_spec(cmd: str, args: list[str], user: str | None) -> JobSpec:
 
 
 def _tail(path: str, offset: int, cap: int, stream: str) -> str:
-    """Bash that writes at most `cap` bytes of `path` from `offset` on (`stream`: `` or `>&2`)."""
+    """Bash that writes at most `cap` bytes of `path` from `offset` on (`stream`: `` or `>&2`):
+    one read by one `dd` (GNU), or `tail | head` where its byte-offset skip is missing."""
     return (
-        f"[ -s {path} ] && {{ tail -c +{offset + 1} {path} 2>/dev/null | head -c {cap}; }}"
-        f"{stream}; "
+        f"[ -s {path} ] && {{ dd if={path} bs={cap} skip={offset} count=1 iflag=skip_bytes"
+        f" status=none 2>/dev/null || {{ tail -c +{offset + 1} {path} 2>/dev/null |"
+        f" head -c {cap}; }}; }}{stream}; "
     )
 
 
@@ -146,10 +148,12 @@ def launch_command(job: JobSpec, rec: str, stdin: bool, cap: int) -> str:
 
 def poll_command(rec: str, out_from: int, err_from: int, cap: int, ended: Iterable[str]) -> str:
     """Bash that reports a detached process: `E <status>` (it has ended) or `R`, then at most
-    `cap` bytes of each stream from the offsets seen; the files of `ended` are removed."""
+    `cap` bytes of each stream from the offsets seen; the files of `ended` are removed. The
+    status file counts once it holds its line (`-s`): it is created empty and then written, and
+    a poll in between read an empty status (told as exit code 1)."""
     f = files(rec)
     return (
-        _remove(ended) + f"if [ -e {f}.rc ]; then read -r __e2b_rc <{f}.rc; "
+        _remove(ended) + f"if [ -s {f}.rc ]; then read -r __e2b_rc <{f}.rc; "
         "printf 'E %s\\n' $__e2b_rc; else printf 'R\\n'; fi; "
         + _tail(f"{f}.out", out_from, cap, "")
         + _tail(f"{f}.err", err_from, cap, " >&2")
