@@ -36,6 +36,7 @@ from benchkit import free_port, progress
 
 from swerl.agent.gateway import openai_api
 from swerl.agent.gateway.messages import ConversationReader, openai_conversation
+from swerl.agent.gateway.render import Renderer
 from swerl.agent.gateway.service import codec_cache
 from swerl.agent.gateway.session import Session, SessionSpec, SessionStore
 from swerl.agent.policy import Generation
@@ -140,7 +141,16 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
             _, spent, cpu, prompt_tokens = await call(messages, fresh=fresh)
             (fresh_ms if fresh else gateway_ms).append(spent * 1e3)
             (fresh_cpu_ms if fresh else gateway_cpu_ms).append(cpu * 1e3)
+        # Baseline: the same call with the delta rendered by the template and encoded by the
+        # tokenizer's Python encode, as every call did before the content slots.
         codec = session.renderer.codec
+        session.renderer = Renderer(codec, slots=False)
+        template_ms, template_cpu_ms = [], []
+        for _ in range(calls):
+            _, spent, cpu, _ = await call(messages)
+            template_ms.append(spent * 1e3)
+            template_cpu_ms.append(cpu * 1e3)
+        session.renderer = Renderer(codec)
         naive_ms = []
         for _ in range(max(10, calls // 10)):
             body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
@@ -151,7 +161,15 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
             )
             codec.encode(text)
             naive_ms.append((time.perf_counter() - started) * 1e3)
-        for series in (gateway_ms, gateway_cpu_ms, fresh_ms, fresh_cpu_ms, naive_ms):
+        for series in (
+            gateway_ms,
+            gateway_cpu_ms,
+            fresh_ms,
+            fresh_cpu_ms,
+            template_ms,
+            template_cpu_ms,
+            naive_ms,
+        ):
             series.sort()
         rows.append(
             {
@@ -162,6 +180,8 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
                 "gateway_cpu_p50_ms": statistics.median(gateway_cpu_ms),
                 "fresh_p50_ms": statistics.median(fresh_ms),
                 "fresh_cpu_p50_ms": statistics.median(fresh_cpu_ms),
+                "template_p50_ms": statistics.median(template_ms),
+                "template_cpu_p50_ms": statistics.median(template_cpu_ms),
                 "naive_p50_ms": statistics.median(naive_ms),
                 "naive_p99_ms": naive_ms[int(len(naive_ms) * 0.99) - 1],
             }
@@ -355,12 +375,14 @@ def main() -> int:
         print(
             "  (ms; gw: the gateway's call, its session reader warm; full: the same call with"
             " the whole body decoded, converted and digested, as before the incremental reader;"
+            " tmpl: the same call with the delta rendered by the chat template and the"
+            " tokenizer's Python encode, as before the content slots;"
             " cpu: process CPU time, all threads)"
         )
         print(
             f"  {'history':>8} {'turns':>5} {'gw p50':>8} {'gw p99':>8} {'gw cpu':>8}"
-            f" {'full p50':>9} {'full cpu':>9} {'naive p50':>10} {'naive p99':>10}"
-            f" {'naive/gw':>9}"
+            f" {'full p50':>9} {'full cpu':>9} {'tmpl p50':>9} {'tmpl cpu':>9}"
+            f" {'naive p50':>10} {'naive p99':>10} {'tmpl/gw':>8} {'naive/gw':>9}"
         )
         for row in rows:
             print(
@@ -368,7 +390,9 @@ def main() -> int:
                 f" {row['gateway_p50_ms']:>8.3f} {row['gateway_p99_ms']:>8.3f}"
                 f" {row['gateway_cpu_p50_ms']:>8.3f}"
                 f" {row['fresh_p50_ms']:>9.3f} {row['fresh_cpu_p50_ms']:>9.3f}"
+                f" {row['template_p50_ms']:>9.3f} {row['template_cpu_p50_ms']:>9.3f}"
                 f" {row['naive_p50_ms']:>10.3f} {row['naive_p99_ms']:>10.3f}"
+                f" {row['template_p50_ms'] / row['gateway_p50_ms']:>8.2f}"
                 f" {row['naive_p50_ms'] / row['gateway_p50_ms']:>9.1f}"
             )
         flat = rows[-1]["gateway_p50_ms"] / rows[0]["gateway_p50_ms"]

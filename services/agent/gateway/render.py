@@ -4,7 +4,8 @@ the messages after the model's recorded turn for a call that extends a chain.
 The delta is what the template writes after an assistant turn: it renders a stand-in
 conversation (system, user, an assistant turn holding a sentinel, then the new messages) and
 keeps the text after the sentinel's end-of-turn, so the cost is the new messages' size, not the
-history's. Both run in the agent's CPU pool (blocking: jinja and the tokenizer hold the GIL).
+history's. Both run in the agent's CPU pool (jinja holds the GIL; the tokenizer's batch encode
+lets go of it).
 
 A harness's turn adds the same kinds of message every time (a tool result, a user message), so
 the template's output for them is kept per *shape* (the messages' roles and fields other than
@@ -13,8 +14,8 @@ with the new contents, no jinja. A shape is cached only when rendering it with t
 sets of contents (two sets of markers and one with blank lines and edge whitespace) gave
 exactly the slots filled with them; a content holding a marker the template may branch on
 (`<think>`, `<tool_response>`, their closings) is rendered by the template. Ids come from the
-tokenizer's own Rust backend (the same ids as `encode`, without its Python batching), checked
-once per codec.
+tokenizer's own Rust backend (the same ids as `encode`, without its Python layer; its batch
+entry, which lets go of the GIL while it tokenizes), checked once per codec.
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ class _Fast:
         self.shapes: dict[Shape, list[str] | None] = {}
         self.encode: Callable[[str], list[int]] = codec.encode
         backend = getattr(codec.tokenizer, "_tokenizer", None)
-        raw = getattr(backend, "encode", None)
+        # encode_batch, not encode: the backend's single encode holds the GIL for the whole
+        # tokenization (the event loop stalls that long, measured), its batch releases it.
+        raw = getattr(backend, "encode_batch", None)
         if raw is not None:
             probe = "<|im_end|>\n<|im_start|>user\n<tool_response>\nx = 1  # ü 中文\n\n"
             try:
-                same = list(raw(probe, add_special_tokens=False).ids) == codec.encode(probe)
-            except (TypeError, AttributeError, ValueError):
+                same = list(raw([probe], add_special_tokens=False)[0].ids) == codec.encode(probe)
+            except (TypeError, AttributeError, ValueError, IndexError):
                 same = False
             if same:
-                self.encode = lambda text: raw(text, add_special_tokens=False).ids
+                self.encode = lambda text: raw([text], add_special_tokens=False)[0].ids
 
 
 _FAST: weakref.WeakKeyDictionary[ChatCodec, _Fast] = weakref.WeakKeyDictionary()
@@ -101,10 +104,14 @@ def _shape(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
 class Renderer:
     """One policy's chat template, for the gateway's two kinds of render."""
 
-    def __init__(self, codec: ChatCodec) -> None:
+    def __init__(self, codec: ChatCodec, *, slots: bool = True) -> None:
+        """`slots=False` renders every delta with the template and encodes with the tokenizer's
+        Python `encode` (the benchmark's baseline, what every call did before the slots)."""
         self.codec = codec
         self.end_of_turn_id = codec.end_of_turn_id
         self._fast = _fast(codec)
+        self._slots_on = slots
+        self._encode = self._fast.encode if slots else codec.encode
 
     def _apply(
         self,
@@ -125,7 +132,7 @@ class Renderer:
         tools: Sequence[Mapping[str, Any]] | None,
     ) -> list[int]:
         """The whole conversation with the generation header: a new root's prompt."""
-        return self._fast.encode(self._apply(messages, tools))
+        return self._encode(self._apply(messages, tools))
 
     def _slots(self, shape: Shape, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
         """The delta text of `shape` around its content slots, measured on first use."""
@@ -159,7 +166,7 @@ class Renderer:
         return parts
 
     def _delta_text(self, new_messages: Sequence[Mapping[str, Any]]) -> str:
-        shape = _shape(new_messages)
+        shape = _shape(new_messages) if self._slots_on else None
         parts = self._slots(shape, new_messages) if shape is not None else None
         if parts is None:
             return self._apply([*_STAND_IN, *new_messages], None)
@@ -173,7 +180,7 @@ class Renderer:
         close = self.codec.close_text
         if not after.startswith(close):
             raise TemplateMismatch("the template does not close an assistant turn as measured")
-        ids = self._fast.encode(after)
+        ids = self._encode(after)
         if output_ended and ids and ids[0] == self.end_of_turn_id:
             ids = ids[1:]
         return ids
@@ -182,7 +189,7 @@ class Renderer:
         return self.codec.decode(ids)
 
     def count(self, text: str) -> int:
-        return len(self._fast.encode(text))
+        return len(self._encode(text))
 
 
 def _fill(parts: list[str], contents: Sequence[str]) -> str:
