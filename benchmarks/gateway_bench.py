@@ -269,7 +269,9 @@ async def _ticker(
             loop_cpu.append(time.thread_time() - cpu)
 
 
-async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, float]:
+async def stalls(
+    sessions: int, turns: int, slow_ms: float = 0.0, slots: bool = True
+) -> dict[str, float]:
     from swerl.agent.gateway.service import local_gateway
 
     if slow_ms:
@@ -305,6 +307,9 @@ async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, f
                 )
                 for _ in range(sessions)
             ]
+            if not slots:  # the baseline: every delta by the template, the Python encode
+                for session in opened:
+                    session.renderer = Renderer(session.renderer.codec, slots=False)
             pairs = [(gateway.openai_base_url(s), s.secret) for s in opened]
             out = ctx.Queue()
             harnesses = ctx.Process(target=_run_harnesses, args=(pairs, turns, out), daemon=True)
@@ -367,6 +372,11 @@ def main() -> int:
         help="stalls: log every loop callback longer than this (asyncio debug mode; slower)",
     )
     parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument(
+        "--stall-baseline",
+        action="store_true",
+        help="stalls: first the same run with every delta rendered by the template (baseline)",
+    )
     args = parser.parse_args()
     ok = True
     if not args.skip_overhead:
@@ -406,10 +416,31 @@ def main() -> int:
         ok = ok and met
     if not args.skip_stalls:
         progress(f"stalls: {args.sessions} concurrent sessions x {args.turns} turns, one loop")
-        result = asyncio.run(stalls(args.sessions, args.turns, args.slow_callback_ms))
-        for key, value in result.items():
+        runs = [("gateway", True)]
+        if args.stall_baseline:
+            # The same run with the template and the Python encode first, as the baseline.
+            runs.insert(0, ("template baseline", False))
+        results = {}
+        for name, slots in runs:
+            results[name] = asyncio.run(
+                stalls(args.sessions, args.turns, args.slow_callback_ms, slots=slots)
+            )
+        print(f"  {'':32} " + " ".join(f"{name:>18}" for name in results))
+        for key in results["gateway"]:
+            values = [results[name][key] for name in results]
             print(
-                f"  {key:32} {value:10.3f}" if isinstance(value, float) else f"  {key:32} {value}"
+                f"  {key:32} "
+                + " ".join(f"{v:>18.3f}" if isinstance(v, float) else f"{v:>18}" for v in values)
+            )
+        result = results["gateway"]
+        if args.stall_baseline:
+            base = results["template baseline"]
+            print(
+                "  worst stall gateway / baseline:"
+                f" {result['worst_stall_ms'] / base['worst_stall_ms']:.2f};"
+                f" p99 {result['p99_stall_ms'] / base['p99_stall_ms']:.2f};"
+                " loop cpu per call"
+                f" {result['loop_cpu_ms_per_call'] / base['loop_cpu_ms_per_call']:.2f}"
             )
         met = result["worst_stall_ms"] < 20.0
         print(f"  target worst stall < 20 ms: {'met' if met else 'NOT met'}")
