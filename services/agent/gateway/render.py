@@ -20,6 +20,7 @@ entry, which lets go of the GIL while it tokenizes), checked once per codec.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -57,7 +58,12 @@ class _Fast:
         self.encode: Callable[[str], list[int]] = codec.encode
         backend = getattr(codec.tokenizer, "_tokenizer", None)
         # encode_batch, not encode: the backend's single encode holds the GIL for the whole
-        # tokenization (the event loop stalls that long, measured), its batch releases it.
+        # tokenization (the event loop stalls that long, measured), its batch releases it. A
+        # batch of one gains nothing from the backend's thread pool, and handing it there cost
+        # 1.7 ms of wall time per 460 tokens on a loaded machine (2.79 ms against 1.11 ms without):
+        # a process serving the gateway tokenizes on the calling thread unless the operator said
+        # otherwise (TOKENIZERS_PARALLELISM is read at each call; swerl batches nothing larger).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         raw = getattr(backend, "encode_batch", None)
         if raw is not None:
             probe = "<|im_end|>\n<|im_start|>user\n<tool_response>\nx = 1  # ü 中文\n\n"
