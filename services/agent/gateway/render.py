@@ -8,12 +8,13 @@ history's. Both run in the agent's CPU pool (jinja holds the GIL; the tokenizer'
 lets go of it).
 
 A harness's turn adds the same kinds of message every time (a tool result, a user message), so
-the template's output for them is kept per *shape* (the messages' roles and fields other than
-their content) as text around content slots: the next delta of that shape is the slots filled
-with the new contents, no jinja. A shape is cached only when rendering it with three different
-sets of contents (two sets of markers and one with blank lines and edge whitespace) gave
-exactly the slots filled with them; a content holding a marker the template may branch on
-(`<think>`, `<tool_response>`, their closings) is rendered by the template. Ids come from the
+the template's output for them is kept per *shape* (the messages' roles and the names of their
+fields) as text around slots, one per field the template writes: the next delta of that shape
+is the slots filled with the new values (content, tool_call_id, ...), no jinja. A shape is
+cached only when rendering it with three different sets of values (two sets of markers and one
+with blank lines and edge whitespace) gave exactly the slots filled with them; a value holding a
+marker the template may branch on (`<think>`, `<tool_response>`, their closings) is rendered by
+the template. Ids come from the
 tokenizer's own Rust backend (the same ids as `encode`, without its Python layer; its batch
 entry, which lets go of the GIL while it tokenizes), checked once per codec.
 """
@@ -39,14 +40,19 @@ _SLOT_ROLES = frozenset({"tool", "user"})
 # Content a template may branch on (Qwen3's reads `<tool_response>` on user messages and
 # `</think>` on assistant ones): such a message is rendered by the template.
 _MARKERS = ("<think>", "</think>", "<tool_response>", "</tool_response>")
-_PROBES = (
-    lambda i: f"SWERLSLOTa{i}Q",
-    lambda i: f"zz SWERLSLOTb{i} zz",
-    lambda i: f"\n  probe {i}\n\n  line two \t\n",
+# Three sets of probe values per (message, field): markers, markers with spaces, and blank lines
+# with edge whitespace.
+_PROBES: tuple[Callable[[int, str], str], ...] = (
+    lambda i, key: f"SWERLSLOTa{i}{key}Q",
+    lambda i, key: f"zz SWERLSLOTb{i}{key} zz",
+    lambda i, key: f"\n  probe {i} {key}\n\n  line two \t\n",
 )
 _MAX_SHAPES = 256
 
-Shape = tuple[tuple[tuple[str, str], ...], ...]
+# Per message: its role and the names of its other fields (all strings).
+Shape = tuple[tuple[str, tuple[str, ...]], ...]
+# A shape's delta text: the literal parts, and between each two the (message, field) slot.
+Slots = tuple[list[str], list[tuple[int, str]]]
 
 
 class _Fast:
@@ -54,7 +60,7 @@ class _Fast:
 
     def __init__(self, codec: ChatCodec) -> None:
         self.lock = threading.Lock()
-        self.shapes: dict[Shape, list[str] | None] = {}
+        self.shapes: dict[Shape, Slots | None] = {}
         self.encode: Callable[[str], list[int]] = codec.encode
         backend = getattr(codec.tokenizer, "_tokenizer", None)
         # encode_batch, not encode: the backend's single encode holds the GIL for the whole
@@ -88,23 +94,51 @@ def _fast(codec: ChatCodec) -> _Fast:
 
 
 def _shape(messages: Sequence[Mapping[str, Any]]) -> Shape | None:
-    """The messages' shape when each can take its content from a slot; None otherwise."""
+    """The messages' shape when each can take its fields from slots; None otherwise. Values are
+    not part of it (a harness's every tool result has a new tool_call_id)."""
     shape = []
     for message in messages:
-        content = message.get("content")
-        if message.get("role") not in _SLOT_ROLES or not isinstance(content, str):
+        role = message.get("role")
+        if role not in _SLOT_ROLES or not isinstance(message.get("content"), str):
             return None
-        if any(marker in content for marker in _MARKERS):
-            return None
-        fields = []
+        names = []
         for key, value in message.items():
-            if key == "content":
-                continue
-            if not isinstance(value, str):
+            # An empty value too goes to the template: it may leave out what an empty field
+            # would have framed (`{% if message.name %}`), which the probes never show.
+            if not isinstance(key, str) or not isinstance(value, str) or not value:
                 return None
-            fields.append((key, value))
-        shape.append(tuple(sorted(fields)))
+            if any(marker in value for marker in _MARKERS):
+                return None
+            if key != "role":
+                names.append(key)
+        shape.append((str(role), tuple(sorted(names))))
     return tuple(shape)
+
+
+def _measure(texts: list[str], shape: Shape) -> Slots | None:
+    """The slots of the first probe set's text, when filling them with each set's probes gives
+    exactly that set's text; None otherwise (the template does not write the fields as they
+    are, or writes one twice)."""
+    keys = [(i, name) for i, (_, names) in enumerate(shape) for name in names]
+    first = _PROBES[0]
+    found = []
+    for i, name in keys:
+        at = texts[0].find(first(i, name))
+        if at >= 0:
+            found.append((at, i, name))
+    found.sort()
+    parts, slots, cursor = [], [], 0
+    for at, i, name in found:
+        if at < cursor:
+            return None
+        parts.append(texts[0][cursor:at])
+        slots.append((i, name))
+        cursor = at + len(first(i, name))
+    parts.append(texts[0][cursor:])
+    for probe, text in zip(_PROBES, texts, strict=True):
+        if _fill(parts, [probe(i, name) for i, name in slots]) != text:
+            return None
+    return parts, slots
 
 
 class Renderer:
@@ -140,43 +174,32 @@ class Renderer:
         """The whole conversation with the generation header: a new root's prompt."""
         return self._encode(self._apply(messages, tools))
 
-    def _slots(self, shape: Shape, messages: Sequence[Mapping[str, Any]]) -> list[str] | None:
-        """The delta text of `shape` around its content slots, measured on first use."""
+    def _slots(self, shape: Shape, messages: Sequence[Mapping[str, Any]]) -> Slots | None:
+        """The delta text of `shape` around its slots, measured on first use."""
         fast = self._fast
         with fast.lock:
             if shape in fast.shapes:
                 return fast.shapes[shape]
         texts = []
         for probe in _PROBES:
-            filled = [{**m, "content": probe(i)} for i, m in enumerate(messages)]
+            filled = [
+                {"role": role, **{name: probe(i, name) for name in names}}
+                for i, (role, names) in enumerate(shape)
+            ]
             texts.append(self._apply([*_STAND_IN, *filled], None))
-        first = _PROBES[0]
-        parts: list[str] | None = []
-        rest = texts[0]
-        for i in range(len(messages)):
-            head, found, rest = rest.partition(first(i))
-            if not found or parts is None:
-                parts = None
-                break
-            parts.append(head)
-        if parts is not None:
-            parts.append(rest)
-            for probe, text in zip(_PROBES, texts, strict=True):
-                contents = [probe(i) for i in range(len(messages))]
-                if _fill(parts, contents) != text:
-                    parts = None
-                    break
+        slots = _measure(texts, shape)
         with fast.lock:
             if len(fast.shapes) < _MAX_SHAPES:
-                fast.shapes[shape] = parts
-        return parts
+                fast.shapes[shape] = slots
+        return slots
 
     def _delta_text(self, new_messages: Sequence[Mapping[str, Any]]) -> str:
         shape = _shape(new_messages) if self._slots_on else None
-        parts = self._slots(shape, new_messages) if shape is not None else None
-        if parts is None:
+        slots = self._slots(shape, new_messages) if shape is not None else None
+        if slots is None:
             return self._apply([*_STAND_IN, *new_messages], None)
-        return _fill(parts, [m["content"] for m in new_messages])
+        parts, where = slots
+        return _fill(parts, [new_messages[i][name] for i, name in where])
 
     def delta(self, new_messages: Sequence[Mapping[str, Any]], output_ended: bool) -> list[int]:
         """The ids the template puts after a recorded model turn: its end-of-turn (unless the
