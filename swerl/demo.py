@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 from swerl.exec.client import SandboxClient
 from swerl.exec.server import local_node
@@ -296,7 +296,10 @@ async def gateway_tour(
     async with openai.AsyncOpenAI(base_url=opened.openai_base_url, api_key=opened.secret) as ai:
 
         async def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-            reply = await ai.chat.completions.create(model="m", messages=messages, tools=[_BASH])
+            # Plain dicts, as a harness sends them (the SDK's TypedDicts are for type checkers).
+            reply = await ai.chat.completions.create(
+                model="m", messages=cast(Any, messages), tools=cast(Any, [_BASH])
+            )
             return reply.choices[0].message.model_dump(exclude_none=True)
 
         task = [{"role": "user", "content": f"{GATEWAY_KEY}\nFind the package's version."}]
