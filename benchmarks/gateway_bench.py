@@ -224,7 +224,10 @@ def _run_harnesses(sessions: list[tuple[str, str]], turns: int, out: Any) -> Non
     import openai
 
     async def one(base_url: str, secret: str) -> int:
-        async with openai.AsyncOpenAI(base_url=base_url, api_key=secret, max_retries=0) as client:
+        # A long timeout: on a loaded machine the default connect timeout killed the run.
+        async with openai.AsyncOpenAI(
+            base_url=base_url, api_key=secret, max_retries=0, timeout=600.0
+        ) as client:
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": "You are a software engineer."},
                 {"role": "user", "content": "Fix the failing test in src/."},
