@@ -76,6 +76,8 @@ class SessionSpec:
     reasoning_parser: str = ""
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     owner: str = ""
+    # Where CloseSession writes the session for `swerl inspect` (empty: nowhere).
+    artifact_dir: str = ""
 
     def check(self) -> None:
         if not self.endpoint:
@@ -87,6 +89,10 @@ class SessionSpec:
             )
         if self.max_context_tokens < 0 or self.max_new_tokens < 0:
             raise InvalidSessionSpec("limits must not be negative", field="max_context_tokens")
+        if self.artifact_dir and not self.artifact_dir.startswith("/"):
+            raise InvalidSessionSpec(
+                "artifact_dir must be an absolute path on the agent's host", field="artifact_dir"
+            )
 
     def max_new(self) -> int:
         if self.max_new_tokens:
