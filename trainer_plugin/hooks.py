@@ -355,35 +355,9 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 seed_effective=seed_honoured(call.args),
             )
         if per_turn and branched:
-            order = sorted(lists)
-
-            def placeholder(j: int) -> Any:
-                i = order[j]
-                split = splits[i]
-                assert isinstance(split, EpisodeOutcome)
-                result = split.result
-                was_cancelled = split.cancelled_by == "abort" or (
-                    result is not None
-                    and result.status
-                    in (agent_pb2.EPISODE_STATUS_CANCELLED, agent_pb2.EPISODE_STATUS_ABORTED)
-                )
-                made = convert.placeholder(
-                    members[i].sample,
-                    split,
-                    "NO_BRANCH_TURNS",
-                    "the branch ended without a turn of its own",
-                    aborted=was_cancelled,
-                    spec=spec,
-                )
-                branching.annotate(
-                    [made], split, episode_id, at_turn, i, seed_effective=seed_honoured(call.args)
-                )
-                return made
-
-            shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
-            lists.update(zip(order, shared, strict=True))
-            for samples in shared:
-                convert.set_sibling_rollout_ids(samples)
+            # Every member keeps its own copy of the trunk's turns (one loss weight per
+            # member; branching.py's docstring).
+            branching.mark_trunk_turns(list(lists.values()), at_turn)
         return [
             branching.RUN_ALONE
             if i not in lists

@@ -355,10 +355,12 @@ async def test_branching_groups_share_their_trunk_through_the_real_services(
                 assert sample.status is fw.Sample.Status.COMPLETED
                 assert sample.reward == 1.0 and not sample.remove_sample
         if per_turn:
-            # The trunk's 2 turns once, on the first member; each member's own 2 turns.
-            assert [len(samples) for samples in lists] == [4, 2, 2, 2]
+            # Every member: its own copy of the trunk's 2 turns, then its own 2 turns.
+            assert [len(samples) for samples in lists] == [4, 4, 4, 4]
             trunk_context = lists[0][1].tokens
             for samples in lists:
+                assert [s.metadata["branch_trunk"] for s in samples] == [True, True, False, False]
+                assert samples[1].tokens == trunk_context
                 assert samples[-2].tokens[: len(trunk_context)] == trunk_context
         else:
             whole = [samples[0] for samples in lists]
