@@ -195,7 +195,7 @@ async def test_a_trunk_that_fails_makes_every_member_an_infra_placeholder(fw):
         return Scenario(result=failed)
 
     async with agent(answer) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
         assert len(server.agent.starts) == 1
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
@@ -209,7 +209,7 @@ async def test_a_failed_branch_makes_that_member_alone_a_placeholder(fw):
     statuses = [S.EPISODE_STATUS_SUBMITTED] * N
     statuses[2] = S.EPISODE_STATUS_INFRA_ERROR
     async with agent(branched(statuses=statuses)) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
     assert [s.remove_sample for s in got] == [False, False, True, False]
@@ -371,7 +371,7 @@ async def test_a_stream_ending_before_every_branch_reported_makes_the_missing_on
         return Scenario(results=[branch_result(start, 1), branch_result(start, 3, reward=-1.0)])
 
     async with agent(answer) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
     assert [s.remove_sample for s in got] == [True, False, True, False]
