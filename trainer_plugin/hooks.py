@@ -159,8 +159,10 @@ async def _generate_alone(
     params = copy.deepcopy(dict(sampling_params))
     spec = ReplaySpec.for_call(call.args, params, call.evaluation)
 
-    def attempt(episode_id: str) -> Any:
-        return _run_one_episode(call, sample, params, episode_id=episode_id, spec=spec)
+    def attempt(episode_id: str, avoid: list[str]) -> Any:
+        return _run_one_episode(
+            call, sample, params, episode_id=episode_id, spec=spec, avoid_node_ids=avoid
+        )
 
     outcome, attempts = await reruns.run_with_reruns(
         attempt, new_episode_id(sample), call.settings.episode_attempts, call.aborted, attempts
@@ -186,6 +188,7 @@ async def _run_one_episode(
     episode_id: str,
     spec: ReplaySpec,
     branch: tuple[int, int] | None = None,
+    avoid_node_ids: list[str] | None = None,
 ) -> EpisodeOutcome:
     """Builds the start message (a row that cannot be one is an INVALID_INSTANCE outcome), adds
     its image to the prefetcher, runs the episode (branching at `branch` = (at_turn, count)
@@ -212,6 +215,7 @@ async def _run_one_episode(
     else:
         if branch is not None:
             start.options.branch.at_turn, start.options.branch.count = branch
+        start.options.avoid_node_ids.extend(avoid_node_ids or [])
         found = prefetcher(settings)
         if found is not None:
             found.add(start.instance.image_name)
@@ -337,7 +341,7 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
         at_turn=at_turn,
     )
 
-    def attempt(attempt_id: str) -> Any:
+    def attempt(attempt_id: str, avoid: list[str]) -> Any:
         params = reruns.group_params(leader.sampling_params, episode_id, attempt_id)
         return _run_one_episode(
             call,
@@ -346,6 +350,7 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
             episode_id=attempt_id,
             spec=spec,
             branch=(at_turn, len(members)),
+            avoid_node_ids=avoid,
         )
 
     # A trunk that failed (or a stream that broke) before the fork re-runs the group's episode.

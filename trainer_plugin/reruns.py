@@ -6,8 +6,10 @@ dynamic-sampling filter must drop its whole prompt group: at 5% infra failures p
 group of 8 loses one in three. Since generate has not returned, none of the failed episode's
 tokens has reached the trainer, so the call runs the episode again, up to `episode_attempts`
 attempts in all, with the same sampling params (seed included) under a fresh episode id
-(`<first id>-a<n>`: a new id is a new lease request and new artifacts). The filter then drops a
-group only when a member still failed after its attempts.
+(`<first id>-a<n>`: a new id is a new lease request and new artifacts), asking the pool to
+place it on another node than the failed attempts' while one has room
+(`EpisodeOptions.avoid_node_ids`). The filter then drops a group only when a member still failed
+after its attempts.
 
 Not re-run: an outcome the plugin or the rollout ended (an abort, the plugin's deadline: a re-run
 would outlive the rollout), a refused start (INVALID_ARGUMENT and the like: the same start is
@@ -56,6 +58,15 @@ class Attempts:
 
     count: int = 0
     reasons: list[str] = field(default_factory=list)
+    # The exec nodes the failed attempts ran on: the next attempt asks the pool to avoid them
+    # while another node has room (EpisodeOptions.avoid_node_ids).
+    nodes: list[str] = field(default_factory=list)
+
+    def failed(self, reason: str, outcome: EpisodeOutcome) -> None:
+        self.reasons.append(reason)
+        node = outcome.started.node_id if outcome.started is not None else ""
+        if node and node not in self.nodes:
+            self.nodes.append(node)
 
     def annotate(self, samples: Sequence[Any]) -> None:
         for sample in samples:
@@ -95,7 +106,7 @@ def attempt_id(first_id: str, attempt: int) -> str:
 
 
 async def run_with_reruns(
-    run: Callable[[str], Awaitable[EpisodeOutcome]],
+    run: Callable[[str, list[str]], Awaitable[EpisodeOutcome]],
     first_id: str,
     max_attempts: int,
     aborted: Callable[[], bool],
@@ -103,14 +114,15 @@ async def run_with_reruns(
     *,
     group: bool = False,
 ) -> tuple[EpisodeOutcome, Attempts]:
-    """Runs `run(episode_id)` until its outcome is no curable infra failure, `max_attempts`
-    attempts in all (counting those already in `attempts`), or the rollout is aborted. Returns
-    the last outcome and the attempts. `group`: the outcomes are a branching group's."""
+    """Runs `run(episode_id, nodes to avoid)` until its outcome is no curable infra failure,
+    `max_attempts` attempts in all (counting those already in `attempts`), or the rollout is
+    aborted. Returns the last outcome and the attempts. `group`: the outcomes are a branching
+    group's."""
     attempts = attempts or Attempts()
     episode_id = attempt_id(first_id, attempts.count + 1)
     while True:
         attempts.count += 1
-        outcome = await run(episode_id)
+        outcome = await run(episode_id, list(attempts.nodes))
         reason = infra_failure(outcome, group=group)
         if reason is None or attempts.count >= max_attempts or aborted():
             if reason is not None:
@@ -122,7 +134,7 @@ async def run_with_reruns(
                     aborted=aborted(),
                 )
             return outcome, attempts
-        attempts.reasons.append(reason)
+        attempts.failed(reason, outcome)
         episode_id = attempt_id(first_id, attempts.count + 1)
         _log.info(
             "episode.infra_rerun",
@@ -167,5 +179,7 @@ def member_reruns(
         result = split.result
         if result is not None and result.HasField("branch") and result.sampling_seed:
             params["sampling_seed"] = int(result.sampling_seed)
-        out[i] = RerunAlone(params, Attempts(attempts.count, [*attempts.reasons, reason]))
+        member = Attempts(attempts.count, list(attempts.reasons), list(attempts.nodes))
+        member.failed(reason, split)
+        out[i] = RerunAlone(params, member)
     return out

@@ -13,6 +13,7 @@ from collections import Counter
 import grpc
 import pytest
 from agent_playback import (
+    PLAYBACK_NODE,
     PlaybackAgent,
     PlaybackServer,
     S,
@@ -82,6 +83,9 @@ async def test_a_member_failing_once_then_succeeding_keeps_its_group(fw, per_tur
         first.policy.sampling_params
     )
     assert again.policy.sampling_params["sampling_seed"] == 4242
+    # ... on another node than the failed attempt's, where the pool has room.
+    assert not first.options.avoid_node_ids
+    assert list(again.options.avoid_node_ids) == [PLAYBACK_NODE]
     lists = [fw.check_call_result(out, per_turn=per_turn) for out in outs]
     for i, samples in enumerate(lists):
         for sample in samples:
@@ -203,6 +207,7 @@ async def test_a_trunk_failing_before_the_fork_reruns_the_groups_episode_with_th
         first, again = server.agent.starts
     assert again.options.branch.count == N and again.episode_id == f"{first.episode_id}-a2"
     assert "sampling_seed" not in first.policy.sampling_params
+    assert list(again.options.avoid_node_ids) == [PLAYBACK_NODE]
     assert again.policy.sampling_params["sampling_seed"] == zlib.crc32(first.episode_id.encode())
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
     for i, sample in enumerate(got):
@@ -238,6 +243,7 @@ async def test_a_branch_failing_after_the_fork_reruns_that_member_alone_with_its
     group_start, alone = starts
     assert group_start.options.branch.count == N and not alone.options.branch.count
     assert member_of(alone) == 1 and alone.episode_id.endswith("-a2")
+    assert list(alone.options.avoid_node_ids) == [PLAYBACK_NODE]
     # The branch's own seed (the playback reports 1000 + 1 + branch).
     assert alone.policy.sampling_params["sampling_seed"] == 1000 + 1 + 1
     lists = [fw.check_call_result(out, per_turn=per_turn) for out in outs]
