@@ -30,6 +30,7 @@ async def evaluate(
         instance_id=spec.instance.instance_id,
         request_id=f"{key}-eval",
         workdir=None,
+        avoid_node_ids=spec.avoid_node_ids,
     ) as grader:
         return await guarded(grader, grader.evaluate(spec.instance, patch, spec.eval_timeout_s))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -86,7 +86,11 @@ class SandboxProvider(Protocol):
         instance_id: str,
         request_id: str,
         workdir: str | None,
-    ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]: ...
+        avoid_node_ids: Sequence[str] = (),
+    ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
+        """A held sandbox of `image`; `avoid_node_ids`: nodes to place it elsewhere than while
+        another has room (EpisodeOptions.avoid_node_ids)."""
+        ...
 
     async def fork(
         self, source: SandboxHandle, count: int, *, owner: str, request_id: str
@@ -237,6 +241,7 @@ class PoolSandboxProvider:
         instance_id: str,
         request_id: str,
         workdir: str | None,
+        avoid_node_ids: Sequence[str] = (),
     ) -> AsyncIterator[SandboxHandle]:
         try:
             context = self._pool.lease(
@@ -246,6 +251,7 @@ class PoolSandboxProvider:
                 request_id=request_id,
                 wait_s=self._wait_s,
                 workdir=workdir,
+                prefer_not_node_ids=avoid_node_ids,
             )
             lease = await context.__aenter__()
         except grpc.aio.AioRpcError as err:

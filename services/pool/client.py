@@ -421,6 +421,7 @@ class PoolClient:
         ttl_s: float | None = None,
         spec: pb.SandboxSpec | None = None,
         node_selector: Mapping[str, str] | None = None,
+        prefer_not_node_ids: Sequence[str] = (),
     ) -> pb.Lease:
         """AcquireLease, retried with the same request_id while the pool is unreachable."""
         request = pb.AcquireLeaseRequest(
@@ -432,6 +433,7 @@ class PoolClient:
             wait_timeout=duration_pb(wait_s),
             spec=spec,
             node_selector=dict(node_selector or {}),
+            prefer_not_node_ids=list(prefer_not_node_ids),
         )
         # Bounded by time, not attempts: a pool restart (seconds) must not fail an acquire that
         # may wait wait_s for capacity anyway; five quick attempts were over in ~3 s (the soak's
@@ -488,6 +490,7 @@ class PoolClient:
         spec: pb.SandboxSpec | None = None,
         node_selector: Mapping[str, str] | None = None,
         keepalive_interval_s: float | None = None,
+        prefer_not_node_ids: Sequence[str] = (),
     ) -> AsyncIterator[Lease]:
         """Acquires a lease, keeps it alive while the body runs, releases it on exit."""
         if spec is None and (workdir or env):
@@ -501,6 +504,7 @@ class PoolClient:
             ttl_s=ttl_s,
             spec=spec,
             node_selector=node_selector,
+            prefer_not_node_ids=prefer_not_node_ids,
         )
         ttl = ttl_s or max(1.0, _ts(message.expire_time) - time.time())
         handle = Lease(

@@ -59,7 +59,7 @@ class _Provider:
         self.leases = 0
 
     @contextlib.asynccontextmanager
-    async def lease(self, image, *, owner, instance_id, request_id, workdir):
+    async def lease(self, image, *, owner, instance_id, request_id, workdir, avoid_node_ids=()):
         self.leases += 1
         yield _Sandbox(self.report)
 
