@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -290,6 +292,28 @@ class DockerBackend:
             oom_killed=bool(state.get("OOMKilled")),
             error=str(state.get("Error") or ""),
         )
+
+    async def kill_signal(self, container_id: str, since: float) -> int | None:
+        """The last signal Docker itself sent the container since `since` (a wall-clock time):
+        `docker kill`, `docker stop` or `restart`, or a dockerd stopping its containers as it
+        stops or restarts. None when Docker sent none (whatever ended the container came from
+        inside it). Docker records each such kill as an event before it delivers the signal."""
+
+        def last_kill() -> int | None:
+            events = self._api.events(
+                since=f"{since:.6f}",
+                until=f"{time.time():.6f}",
+                filters={"container": container_id, "event": "kill"},
+                decode=True,
+            )
+            signal = None
+            for event in events:
+                attributes = (event.get("Actor") or {}).get("Attributes") or {}
+                with contextlib.suppress(TypeError, ValueError):
+                    signal = int(attributes.get("signal", ""))
+            return signal
+
+        return await self._call(last_kill)
 
     async def start(self, container_id: str) -> str:
         """`docker start` of a stopped container (its filesystem is as it was): "" when it
