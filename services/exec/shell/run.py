@@ -323,7 +323,11 @@ class CommandRun:
         pgid = self._shell.current_pgid(self.nonce)
         # The watchdog leaves the pgid it killed at the deadline in the timeout file.
         timed_out = bool(pgid) and self._shell.timed_out_pgid() == pgid
-        self._shell.spawn(self._end_after_asking(timed_out))
+        if timed_out or self._backstop_fired:
+            # Past its deadline: it timed out, whatever else happened; nothing to ask Docker.
+            self._end_now(timed_out=True)
+        else:
+            self._shell.spawn(self._end_after_asking(timed_out))
 
     async def _end_after_asking(self, timed_out: bool) -> None:
         """Ends the run whose supervisor died: with 137 when the command (or anything inside the
