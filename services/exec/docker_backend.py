@@ -344,6 +344,15 @@ class DockerBackend:
                 raise ContainerNotRunning(str(exc.explanation or exc)) from exc
             raise
 
+    async def exec_running(self, exec_id: str) -> bool:
+        """Whether a process started by `exec_detached` still runs (False once it has ended,
+        with its container or on its own)."""
+        try:
+            state = await self._call(self._api.exec_inspect, exec_id)
+        except docker.errors.NotFound:
+            return False  # its container was removed
+        return bool(state.get("Running"))
+
     async def exec_run(self, container_id: str, argv: list[str]) -> tuple[int, bytes]:
         """A one-off `docker exec` (about 60 ms); for rare control actions like signalling."""
 
