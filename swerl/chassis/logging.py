@@ -36,6 +36,16 @@ QUIET_ENV: dict[str, str] = {
 }
 
 
+class _CurrentStderrHandler(logging.StreamHandler):
+    """Writes each record to `sys.stderr` as it is at the time of the record, not as it was when
+    logging was configured: an embedding process (pytest's capture, a notebook) may replace and
+    close the stream it had, and a record written there would be lost with a logging error."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def quiet_foreign_libraries(environ: MutableMapping[str, str] = os.environ) -> None:
     """Sets QUIET_ENV's defaults where the user has not set the variable; call before grpc or
     transformers is imported (the `swerl` command does, first thing)."""
@@ -72,7 +82,7 @@ def configure_logging(
         cache_logger_on_first_use=False,
     )
 
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _CurrentStderrHandler(sys.stderr)
     handler.set_name("swerl")
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

@@ -106,3 +106,24 @@ async def test_handler_logs_carry_the_request_id_and_method_of_their_rpc(stub, c
     assert handler_line["request_id"] == rpc_line["request_id"] == "req-ctx"
     assert handler_line["method"] == "/swerl.exec.v1.SandboxService/GetNodeInfo"
     assert isinstance(rpc_line["duration_ms"], float)
+
+
+def test_records_go_to_the_stderr_of_their_time_not_one_closed_since(monkeypatch):
+    # An embedding process (pytest's capture between tests) replaces and closes sys.stderr
+    # after logging was configured: records must reach the current one, with no logging error.
+    import io
+
+    first = io.StringIO()
+    monkeypatch.setattr("sys.stderr", first)
+    configure_logging("json", "info")
+    first.close()
+    second = io.StringIO()
+    monkeypatch.setattr("sys.stderr", second)
+    errors: list[BaseException] = []
+    monkeypatch.setattr(logging.Handler, "handleError", lambda self, record: errors.append(record))
+
+    structlog.get_logger().warning("pool.away_renewing_on_nodes", leases=1)
+
+    assert errors == []
+    (line,) = _json_lines(second.getvalue())
+    assert line["event"] == "pool.away_renewing_on_nodes"
