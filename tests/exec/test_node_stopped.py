@@ -94,6 +94,11 @@ async def test_a_node_stopped_for_10s_tells_its_exec_and_get_diff_callers_within
             exec_s = time.monotonic() - stopped
             diff_err = await asyncio.wait_for(diff, 15)
             diff_s = time.monotonic() - stopped
+            # A call made while the node is still stopped, on a channel whose connection is
+            # gone, is told as soon: the new connection's attempt gives up in seconds.
+            late = time.monotonic()
+            late_err = await rpc_error(node.client.run(runner, "echo late", timeout_s=5))
+            late_s = time.monotonic() - late
         finally:
             await asyncio.sleep(max(0.0, STOPPED_S - (time.monotonic() - stopped)))
             os.kill(node.process.pid, signal.SIGCONT)
@@ -102,6 +107,8 @@ async def test_a_node_stopped_for_10s_tells_its_exec_and_get_diff_callers_within
             assert "ping timeout" in err.details(), err.details()
         assert exec_s < TOLD_WITHIN_S, f"Exec told after {exec_s:.1f} s"
         assert diff_s < TOLD_WITHIN_S, f"GetDiff told after {diff_s:.1f} s"
+        assert late_err.code() == grpc.StatusCode.UNAVAILABLE, late_err
+        assert late_s < TOLD_WITHIN_S, f"a call to the stopped node told after {late_s:.1f} s"
 
         # Continued, the node serves again, and the sandbox whose caller went away runs the
         # next command.
