@@ -16,7 +16,14 @@
    template delta appended) instead of bash blocks, in the same run. Target: bookkeeping per
    turn and the worst stall within 1.2x of the bash-block figures.
 
+4. Harness episodes (`--harness mini-swe-agent`): the same episodes (in-memory sandboxes, the
+   replay policy in its own process, tool calls of a `bash` tool, `--turns` turns each) driven by
+   swerl's own loop (`tools` config) and by the real mini-swe-agent through its gateway
+   session, in the same run: episodes per minute and the agent process's CPU per turn (its
+   threads included; tokenizing in threads for both, so all of it is counted), and the ratio.
+
     python benchmarks/agent_bench.py [--episodes 256] [--turns 10]
+    python benchmarks/agent_bench.py --harness mini-swe-agent [--harness-episodes 32]
 """
 
 from __future__ import annotations
@@ -180,7 +187,18 @@ def bookkeeping(turns: int = 50, config_name: str = "") -> dict[str, float]:
 # -- stalls ----------------------------------------------------------------------------------
 
 
-def _bench_script(turns: int, tool_calls: bool = False) -> list[str]:
+def _bench_script(turns: int, tool_calls: bool = False, harness: str = "") -> list[str]:
+    if harness == "mini-swe-agent":  # its one `bash` tool, its own submission
+        qwen = get_tool_call_format("qwen25")
+        steps = [f"cat src/module_{i}.py" for i in range(turns - 2)]
+        steps += [
+            "git add -A && git diff --cached --binary > patch.txt",
+            "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt",
+        ]
+        return [
+            f"Step {i}.\n" + qwen.render_call("bash", {"command": step})
+            for i, step in enumerate(steps)
+        ]
     if tool_calls:
         qwen = get_tool_call_format("qwen25")
         body = [
@@ -200,7 +218,9 @@ def _bench_script(turns: int, tool_calls: bool = False) -> list[str]:
     return [*body, submit]
 
 
-def _serve_replay(port: int, turns: int, ready, tool_calls: bool = False) -> None:
+def _serve_replay(
+    port: int, turns: int, ready, tool_calls: bool = False, harness: str = ""
+) -> None:
     import os
 
     from swerl.agent.replay import ReplayPolicyServer
@@ -211,7 +231,7 @@ def _serve_replay(port: int, turns: int, ready, tool_calls: bool = False) -> Non
 
     async def main() -> None:
         server = ReplayPolicyServer(
-            {"Benchmark issue": _bench_script(turns, tool_calls)},
+            {"Benchmark issue": _bench_script(turns, tool_calls, harness)},
             port=port,
             threads=2,
             latency_s=0.05,
@@ -239,6 +259,7 @@ class MemorySandbox:
         from swerl.exec.client import ExecResult
 
         await asyncio.sleep(0.02)
+        command = command.removeprefix("exec 2>&1\n")  # mini-swe-agent's merged output
         if command.startswith("echo COMPLETE_TASK"):
             out = b"COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\ndiff --git a/x b/x\n"
         elif command.startswith("git add -A"):  # the `submit` tool
@@ -290,6 +311,7 @@ async def stalls(
     cpu_threads: int = 4,
     tokenizer_processes: int = 2,
     config_name: str = "",
+    harness: str = "",
 ) -> dict[str, float]:
     from swerl.agent.client import episode_limits, episode_start
     from swerl.agent.runner import EpisodeRunner
@@ -308,7 +330,7 @@ async def stalls(
     ready = multiprocessing.Event()
     tool_calls = load_config(config_name).tool_calls
     replay = multiprocessing.Process(
-        target=_serve_replay, args=(port, turns, ready, tool_calls), daemon=True
+        target=_serve_replay, args=(port, turns, ready, tool_calls, harness), daemon=True
     )
     replay.start()
     try:
@@ -339,7 +361,7 @@ async def stalls(
                     endpoint=f"http://127.0.0.1:{port}", tokenizer_path=tokenizer
                 ),
                 limits=episode_limits(max_turns=turns + 2, max_new_tokens=1024),
-                options=pb.EpisodeOptions(config_name=config_name),
+                options=pb.EpisodeOptions(config_name=config_name, harness=harness),
             )
 
             async def requests():
@@ -357,9 +379,10 @@ async def stalls(
         lateness: list[float] = []
         stop = asyncio.Event()
         ticker = asyncio.ensure_future(_ticker(stop, lateness))
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         results = await asyncio.gather(*(one(i) for i in range(episodes)))
         elapsed = time.monotonic() - started
+        cpu_s = time.process_time() - cpu_started
         stop.set()
         await ticker
         await runner.close()
@@ -377,6 +400,8 @@ async def stalls(
         "turns": turns_done,
         "wall_s": elapsed,
         "turns_per_s": turns_done / elapsed,
+        "episodes_per_min": episodes * 60.0 / elapsed,
+        "agent_cpu_ms_per_turn": cpu_s * 1e3 / max(turns_done, 1),
         "idle_loop_worst_stall_ms": max(idle) * 1e3,
         "worst_stall_ms": lateness[-1] * 1e3,
         "p99_stall_ms": lateness[int(len(lateness) * 0.99)] * 1e3,
@@ -397,7 +422,13 @@ def main() -> int:
     parser.add_argument("--skip-bookkeeping", action="store_true")
     parser.add_argument("--cpu-threads", type=int, default=4)
     parser.add_argument("--tokenizer-processes", type=int, default=2)
+    parser.add_argument(
+        "--harness", default="", help="compare this harness with swerl's loop (mini-swe-agent)"
+    )
+    parser.add_argument("--harness-episodes", type=int, default=32)
     args = parser.parse_args()
+    if args.harness:
+        return compare_harness(args)
     if not args.skip_bookkeeping:
         progress("bookkeeping: 50 turns, 32k-token budget, real Qwen3 tokenizer and template")
         book = bookkeeping()
@@ -439,6 +470,33 @@ def main() -> int:
         ratio = figures["tools"]["worst_stall_ms"] / figures[""]["worst_stall_ms"]
         verdict = "met" if ratio <= 1.2 else "NOT met"
         print(f"  tool calls / bash block, worst stall: {ratio:.3f} (target <= 1.2: {verdict})")
+    return 0
+
+
+def compare_harness(args: argparse.Namespace) -> int:
+    """Measurement 4: swerl's loop and `args.harness` on the same episodes, same run."""
+    figures = {}
+    for harness, config in (("builtin", "tools"), (args.harness, "")):
+        progress(
+            f"harness {harness}: {args.harness_episodes} concurrent episodes x {args.turns}"
+            " turns, in-memory sandboxes, replay policy"
+        )
+        figures[harness] = asyncio.run(
+            stalls(
+                args.harness_episodes,
+                args.turns,
+                args.cpu_threads,
+                0,
+                config_name=config,
+                harness=harness,
+            )
+        )
+        _print(figures[harness])
+    ours, theirs = figures["builtin"], figures[args.harness]
+    for key in ("episodes_per_min", "agent_cpu_ms_per_turn", "worst_stall_ms"):
+        ratio = theirs[key] / max(ours[key], 1e-9)
+        pair = f"{theirs[key]:.2f} / {ours[key]:.2f}"
+        print(f"  {args.harness} / builtin, {key}: {pair} = {ratio:.2f}")
     return 0
 
 

@@ -17,12 +17,20 @@ takes a second lease of the same image from the face's pool. Then it measures th
 and prints p50/p99 of each, the face's overhead over ExecCommands (target: within 3 ms at p50)
 and docker exec's p50 over the face's (target: at least 10x). It reports; it does not assert.
 Every sandbox is released and the face stopped on the way out.
+
+The three are measured in interleaved rounds (a batch of each per round), so a shared
+machine's load, which drifts over a run, weighs on all three alike; the load average is printed
+at the start and the end. Beside the latencies it prints what each path costs in CPU per
+command, which queueing does not inflate: the sandbox's (its container's cgroup, through the
+Docker API) and, for the face, the face process's (which hosts the embedded pool and node, so
+the node's side of the face's calls is in it too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -31,17 +39,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import docker
+import psutil
 from e2b import Sandbox
 
 from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.pool.client import PoolClient
 
 FACE_START_TIMEOUT_S = 120.0
+# Commands of each path per interleaved round.
+ROUND = 20
 
 
 def free_port() -> int:
@@ -108,24 +121,66 @@ def wait_for_face(log_path: Path, process: subprocess.Popen) -> str:
     raise TimeoutError("swerl e2b serve did not come up")
 
 
-async def exec_commands_samples(
-    pool_address: str, token: str, image: str, iterations: int, warmup: int
-) -> list[float]:
-    pool = PoolClient(pool_address, token=token)
-    try:
-        async with pool.lease(image, owner="e2b-bench/baseline", ttl_s=120) as lease:
-            metadata = ((LEASE_TOKEN_METADATA_KEY, lease.token),)
-            async with lease.sandbox.commands(lease.sandbox_id, metadata=metadata) as stream:
-                for _ in range(warmup):
-                    await stream.run("echo hi")
-                samples = []
-                for _ in range(iterations):
-                    started = time.perf_counter()
-                    await stream.run("echo hi")
-                    samples.append((time.perf_counter() - started) * 1000)
-                return samples
-    finally:
-        await pool.close()
+class ExecCommandsBaseline:
+    """A lease of the image from the face's pool and one CommandStream on it, on an event loop
+    of its own in a thread; each run is timed inside that loop (no thread hop in the figure)."""
+
+    def __init__(self, pool_address: str, token: str, image: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.stack = contextlib.AsyncExitStack()
+        self.lease = self._call(self._open(pool_address, token, image))
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(300)
+
+    async def _open(self, pool_address: str, token: str, image: str) -> Any:
+        # Made on the thread's loop: a gRPC channel belongs to the loop it was made on.
+        self.pool = PoolClient(pool_address, token=token)
+        lease = await self.stack.enter_async_context(
+            self.pool.lease(image, owner="e2b-bench/baseline", ttl_s=120)
+        )
+        metadata = ((LEASE_TOKEN_METADATA_KEY, lease.token),)
+        self.stream = await self.stack.enter_async_context(
+            lease.sandbox.commands(lease.sandbox_id, metadata=metadata)
+        )
+        return lease
+
+    async def _timed(self, count: int) -> list[float]:
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await self.stream.run("echo hi")
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples
+
+    def samples(self, count: int) -> list[float]:
+        return self._call(self._timed(count))
+
+    def close(self) -> None:
+        async def closing() -> None:
+            await self.stack.aclose()
+            await self.pool.close()
+
+        self._call(closing())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+def container_cpu_ns(container: Any) -> int:
+    """CPU the container's processes have used so far (its cgroup), through the Docker API."""
+    stats = container.stats(stream=False, one_shot=True)
+    return int(stats["cpu_stats"]["cpu_usage"]["total_usage"])
+
+
+def lease_container(client: Any, lease_id: str) -> Any:
+    [container] = client.containers.list(filters={"label": f"swerl.lease_id={lease_id}"})
+    return container
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> int:
@@ -137,6 +192,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     token = secrets.token_urlsafe(24)
+    started_load = load()
     with tempfile.TemporaryDirectory(prefix="swerl-e2b-bench-") as tmp:
         face, api_port, envd_port, log_path = start_face(Path(tmp), token)
         try:
@@ -148,23 +204,31 @@ def main() -> int:
             }
             print(f"face up (pool {pool_address}); creating a sandbox of {args.image}", flush=True)
             sandbox = Sandbox.create(args.image, timeout=600, **opts)
+            baseline = ExecCommandsBaseline(pool_address, token, args.image)
             try:
-                face_ms = timed(
-                    lambda: sandbox.commands.run("echo hi"), args.iterations, args.warmup
-                )
-                exec_ms = asyncio.run(
-                    exec_commands_samples(
-                        pool_address, token, args.image, args.iterations, args.warmup
-                    )
-                )
                 client = docker.from_env()
-                [container] = client.containers.list(filters={"label": "swerl.user.e2b.template"})
-                docker_ms = timed(
-                    lambda: container.exec_run(["bash", "-c", "echo hi"]),
-                    max(30, args.iterations // 5),
-                    5,
-                )
+                container = lease_container(client, sandbox.sandbox_id)
+                baseline_container = lease_container(client, baseline.lease.lease_id)
+                face_cpu = psutil.Process(face.pid)
+                face_run = lambda: sandbox.commands.run("echo hi")  # noqa: E731
+                docker_run = lambda: container.exec_run(["bash", "-c", "echo hi"])  # noqa: E731
+                timed(face_run, 0, args.warmup)
+                baseline.samples(args.warmup)
+                timed(docker_run, 0, 3)
+                face_ms, exec_ms, docker_ms = [], [], []
+                rounds = max(1, args.iterations // ROUND)
+                cpu = {"box_face": 0, "box_exec": 0, "face_proc": 0.0}
+                for _ in range(rounds):
+                    box0, proc0 = container_cpu_ns(container), sum(face_cpu.cpu_times()[:2])
+                    face_ms += timed(face_run, ROUND, 0)
+                    cpu["face_proc"] += sum(face_cpu.cpu_times()[:2]) - proc0
+                    cpu["box_face"] += container_cpu_ns(container) - box0
+                    box0 = container_cpu_ns(baseline_container)
+                    exec_ms += baseline.samples(ROUND)
+                    cpu["box_exec"] += container_cpu_ns(baseline_container) - box0
+                    docker_ms += timed(docker_run, max(1, ROUND // 5), 0)
             finally:
+                baseline.close()
                 sandbox.kill()
         finally:
             face.send_signal(signal.SIGINT)
@@ -172,6 +236,7 @@ def main() -> int:
                 face.wait(60)
             except subprocess.TimeoutExpired:
                 face.kill()
+    print(f"load average at the start {started_load}, at the end {load()}")
     rows = [
         ("E2B SDK via swerl e2b serve", face_ms),
         ("swerl ExecCommands", exec_ms),
@@ -191,6 +256,12 @@ def main() -> int:
     print(
         f"docker exec p50 / face p50: {ratio:.1f}x (target >= 10x):"
         f" {'PASS' if ratio >= 10.0 else 'MISS'}"
+    )
+    per = len(face_ms)
+    print(
+        f"CPU per command: sandbox {cpu['box_face'] / 1e6 / per:.2f} ms via the face,"
+        f" {cpu['box_exec'] / 1e6 / len(exec_ms):.2f} ms via ExecCommands;"
+        f" face process (embedded pool and node included) {cpu['face_proc'] * 1e3 / per:.2f} ms"
     )
     return 0
 

@@ -36,6 +36,7 @@ from benchkit import free_port, progress
 
 from swerl.agent.gateway import openai_api
 from swerl.agent.gateway.messages import ConversationReader, openai_conversation
+from swerl.agent.gateway.render import Renderer
 from swerl.agent.gateway.service import codec_cache
 from swerl.agent.gateway.session import Session, SessionSpec, SessionStore
 from swerl.agent.policy import Generation
@@ -140,7 +141,16 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
             _, spent, cpu, prompt_tokens = await call(messages, fresh=fresh)
             (fresh_ms if fresh else gateway_ms).append(spent * 1e3)
             (fresh_cpu_ms if fresh else gateway_cpu_ms).append(cpu * 1e3)
+        # Baseline: the same call with the delta rendered by the template and encoded by the
+        # tokenizer's Python encode, as every call did before the content slots.
         codec = session.renderer.codec
+        session.renderer = Renderer(codec, slots=False)
+        template_ms, template_cpu_ms = [], []
+        for _ in range(calls):
+            _, spent, cpu, _ = await call(messages)
+            template_ms.append(spent * 1e3)
+            template_cpu_ms.append(cpu * 1e3)
+        session.renderer = Renderer(codec)
         naive_ms = []
         for _ in range(max(10, calls // 10)):
             body = json.dumps({"model": "m", "messages": messages, "tools": TOOLS}).encode()
@@ -151,7 +161,15 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
             )
             codec.encode(text)
             naive_ms.append((time.perf_counter() - started) * 1e3)
-        for series in (gateway_ms, gateway_cpu_ms, fresh_ms, fresh_cpu_ms, naive_ms):
+        for series in (
+            gateway_ms,
+            gateway_cpu_ms,
+            fresh_ms,
+            fresh_cpu_ms,
+            template_ms,
+            template_cpu_ms,
+            naive_ms,
+        ):
             series.sort()
         rows.append(
             {
@@ -162,6 +180,8 @@ async def overhead(targets: Sequence[int], calls: int) -> list[dict[str, float]]
                 "gateway_cpu_p50_ms": statistics.median(gateway_cpu_ms),
                 "fresh_p50_ms": statistics.median(fresh_ms),
                 "fresh_cpu_p50_ms": statistics.median(fresh_cpu_ms),
+                "template_p50_ms": statistics.median(template_ms),
+                "template_cpu_p50_ms": statistics.median(template_cpu_ms),
                 "naive_p50_ms": statistics.median(naive_ms),
                 "naive_p99_ms": naive_ms[int(len(naive_ms) * 0.99) - 1],
             }
@@ -204,7 +224,10 @@ def _run_harnesses(sessions: list[tuple[str, str]], turns: int, out: Any) -> Non
     import openai
 
     async def one(base_url: str, secret: str) -> int:
-        async with openai.AsyncOpenAI(base_url=base_url, api_key=secret, max_retries=0) as client:
+        # A long timeout: on a loaded machine the default connect timeout killed the run.
+        async with openai.AsyncOpenAI(
+            base_url=base_url, api_key=secret, max_retries=0, timeout=600.0
+        ) as client:
             messages: list[dict[str, Any]] = [
                 {"role": "system", "content": "You are a software engineer."},
                 {"role": "user", "content": "Fix the failing test in src/."},
@@ -249,7 +272,9 @@ async def _ticker(
             loop_cpu.append(time.thread_time() - cpu)
 
 
-async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, float]:
+async def stalls(
+    sessions: int, turns: int, slow_ms: float = 0.0, slots: bool = True
+) -> dict[str, float]:
     from swerl.agent.gateway.service import local_gateway
 
     if slow_ms:
@@ -285,6 +310,9 @@ async def stalls(sessions: int, turns: int, slow_ms: float = 0.0) -> dict[str, f
                 )
                 for _ in range(sessions)
             ]
+            if not slots:  # the baseline: every delta by the template, the Python encode
+                for session in opened:
+                    session.renderer = Renderer(session.renderer.codec, slots=False)
             pairs = [(gateway.openai_base_url(s), s.secret) for s in opened]
             out = ctx.Queue()
             harnesses = ctx.Process(target=_run_harnesses, args=(pairs, turns, out), daemon=True)
@@ -347,6 +375,11 @@ def main() -> int:
         help="stalls: log every loop callback longer than this (asyncio debug mode; slower)",
     )
     parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument(
+        "--stall-baseline",
+        action="store_true",
+        help="stalls: first the same run with every delta rendered by the template (baseline)",
+    )
     args = parser.parse_args()
     ok = True
     if not args.skip_overhead:
@@ -355,12 +388,14 @@ def main() -> int:
         print(
             "  (ms; gw: the gateway's call, its session reader warm; full: the same call with"
             " the whole body decoded, converted and digested, as before the incremental reader;"
+            " tmpl: the same call with the delta rendered by the chat template and the"
+            " tokenizer's Python encode, as before the content slots;"
             " cpu: process CPU time, all threads)"
         )
         print(
             f"  {'history':>8} {'turns':>5} {'gw p50':>8} {'gw p99':>8} {'gw cpu':>8}"
-            f" {'full p50':>9} {'full cpu':>9} {'naive p50':>10} {'naive p99':>10}"
-            f" {'naive/gw':>9}"
+            f" {'full p50':>9} {'full cpu':>9} {'tmpl p50':>9} {'tmpl cpu':>9}"
+            f" {'naive p50':>10} {'naive p99':>10} {'tmpl/gw':>8} {'naive/gw':>9}"
         )
         for row in rows:
             print(
@@ -368,7 +403,9 @@ def main() -> int:
                 f" {row['gateway_p50_ms']:>8.3f} {row['gateway_p99_ms']:>8.3f}"
                 f" {row['gateway_cpu_p50_ms']:>8.3f}"
                 f" {row['fresh_p50_ms']:>9.3f} {row['fresh_cpu_p50_ms']:>9.3f}"
+                f" {row['template_p50_ms']:>9.3f} {row['template_cpu_p50_ms']:>9.3f}"
                 f" {row['naive_p50_ms']:>10.3f} {row['naive_p99_ms']:>10.3f}"
+                f" {row['template_p50_ms'] / row['gateway_p50_ms']:>8.2f}"
                 f" {row['naive_p50_ms'] / row['gateway_p50_ms']:>9.1f}"
             )
         flat = rows[-1]["gateway_p50_ms"] / rows[0]["gateway_p50_ms"]
@@ -382,10 +419,31 @@ def main() -> int:
         ok = ok and met
     if not args.skip_stalls:
         progress(f"stalls: {args.sessions} concurrent sessions x {args.turns} turns, one loop")
-        result = asyncio.run(stalls(args.sessions, args.turns, args.slow_callback_ms))
-        for key, value in result.items():
+        runs = [("gateway", True)]
+        if args.stall_baseline:
+            # The same run with the template and the Python encode first, as the baseline.
+            runs.insert(0, ("template baseline", False))
+        results = {}
+        for name, slots in runs:
+            results[name] = asyncio.run(
+                stalls(args.sessions, args.turns, args.slow_callback_ms, slots=slots)
+            )
+        print(f"  {'':32} " + " ".join(f"{name:>18}" for name in results))
+        for key in results["gateway"]:
+            values = [results[name][key] for name in results]
             print(
-                f"  {key:32} {value:10.3f}" if isinstance(value, float) else f"  {key:32} {value}"
+                f"  {key:32} "
+                + " ".join(f"{v:>18.3f}" if isinstance(v, float) else f"{v:>18}" for v in values)
+            )
+        result = results["gateway"]
+        if args.stall_baseline:
+            base = results["template baseline"]
+            print(
+                "  worst stall gateway / baseline:"
+                f" {result['worst_stall_ms'] / base['worst_stall_ms']:.2f};"
+                f" p99 {result['p99_stall_ms'] / base['p99_stall_ms']:.2f};"
+                " loop cpu per call"
+                f" {result['loop_cpu_ms_per_call'] / base['loop_cpu_ms_per_call']:.2f}"
             )
         met = result["worst_stall_ms"] < 20.0
         print(f"  target worst stall < 20 ms: {'met' if met else 'NOT met'}")

@@ -11,13 +11,22 @@ service, and the replay policy server (SGLang's `/generate`, the real Qwen3 toke
 RunEpisode, its patch is graded by EvaluateService in a fresh sandbox, and a summary table of
 statuses, rewards, turns, tokens and times ends the demo. One more episode submits a wrong fix
 (reward -1) and one gets a policy that answers garbage (format errors until the turn limit).
+
+Part 3 (`gateway_tour`) uses the same in-process agent's model gateway as a harness would: it
+opens a session (OpenSession), makes three calls with the `openai` SDK (a tool call, the next
+turn, then the history compacted after the first reply, which forks), closes it (CloseSession)
+and checks every chain's tokens against what `/generate` was sent and returned. The session's
+tree is written for `swerl inspect`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import tempfile
 import time
+from typing import Any, cast
 
 from swerl.exec.client import SandboxClient
 from swerl.exec.server import local_node
@@ -139,13 +148,17 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
     tools = ReplayPolicyServer(
         scripts_for_tasks(tasks[:1], "gold", tool_call_parser="qwen25"), tokenizer_dir=tokenizer
     )
-    servers = (gold, wrong, garbage, tools)
+    gateway = ReplayPolicyServer(
+        {GATEWAY_KEY: GATEWAY_SCRIPT}, tokenizer_dir=tokenizer, keep_requests=True
+    )
+    servers = (gold, wrong, garbage, tools, gateway)
     urls = [await server.start() for server in servers]
     status_name = agent_pb2.EpisodeStatus.Name
     rows: list[tuple[str, str, str, str, int, int, float]] = []
+    gateway_ok = False
     try:
         async with local_stack(nodes=1, max_sandboxes=8, purpose="demo") as stack:
-            async with local_agent(stack.pool_address, stack.token) as agent:
+            async with local_agent(stack.pool_address, stack.token, gateway_port=0) as agent:
                 _say(
                     "services",
                     f"pool {stack.pool_address}, exec node {stack.node_addresses[0]},"
@@ -200,6 +213,12 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
                         episode(tasks[0], urls[2], "garbage", max_turns=4),
                         episode(tasks[0], urls[3], "tools", config="tools"),
                     )
+                    assert agent.gateway is not None
+                    _say("model gateway", f"a harness's session on {agent.gateway.url}")
+                    gateway_ok, report = await gateway_tour(
+                        stub, urls[4], tokenizer, gateway.stats.requests_seen
+                    )
+                    print(report, flush=True)
                 finally:
                     await channel.close()
     finally:
@@ -223,8 +242,94 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
         f"{'format errors until LIMIT_TURNS' if garbage_ok else 'unexpected'}; tool calls"
         f" (config tools): {'resolved (+1)' if tools_ok else 'NOT resolved'}"
     )
+    lines.append(f"gateway session: {'chains exact' if gateway_ok else 'NOT exact'}")
     _say("summary", "\n".join(lines))
-    return 0 if gold_ok and wrong_ok and garbage_ok and tools_ok else 1
+    return 0 if gold_ok and wrong_ok and garbage_ok and tools_ok and gateway_ok else 1
+
+
+GATEWAY_KEY = "DEMO-GATEWAY-SESSION"
+
+
+def _gateway_turn(command: str, thought: str) -> str:
+    call = json.dumps({"name": "bash", "arguments": {"command": command}})
+    return f"<think>\n{thought}\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
+
+
+# The replay policy's answers to the tour's calls, by the number of assistant turns in the prompt.
+GATEWAY_SCRIPT = [
+    _gateway_turn("ls", "Let me look at the repository."),
+    _gateway_turn("cat setup.py", "Now the setup file."),
+]
+_BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+async def gateway_tour(
+    stub: Any, policy_url: str, tokenizer: str, seen: list[tuple[list[int], list[int]]]
+) -> tuple[bool, str]:
+    """Part 3 on an agent with a gateway, against a replay policy of GATEWAY_SCRIPT whose
+    requests land in `seen` (sent ids, returned ids). Returns (chains exact, report lines)."""
+    import openai
+
+    from swerl.agent.v1 import agent_pb2
+
+    folder = tempfile.mkdtemp(prefix="swerl-demo-sessions-")
+    opened = await stub.OpenSession(
+        agent_pb2.OpenSessionRequest(
+            policy=agent_pb2.PolicyConfig(endpoint=policy_url, tokenizer_path=tokenizer),
+            max_new_tokens=256,
+            owner="demo",
+            artifact_dir=folder,
+        ),
+        timeout=60,
+    )
+    async with openai.AsyncOpenAI(base_url=opened.openai_base_url, api_key=opened.secret) as ai:
+
+        async def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
+            # Plain dicts, as a harness sends them (the SDK's TypedDicts are for type checkers).
+            reply = await ai.chat.completions.create(
+                model="m", messages=cast(Any, messages), tools=cast(Any, [_BASH])
+            )
+            return reply.choices[0].message.model_dump(exclude_none=True)
+
+        task = [{"role": "user", "content": f"{GATEWAY_KEY}\nFind the package's version."}]
+        first = await ask(task)
+        call_id = first["tool_calls"][0]["id"]
+        await ask([*task, first, {"role": "tool", "tool_call_id": call_id, "content": "setup.py"}])
+        # The harness compacts its history: the first reply kept, its output summarized.
+        summary = {"role": "tool", "tool_call_id": call_id, "content": "[1 file, summarized]"}
+        await ask([*task, first, summary])
+    closed = await stub.CloseSession(
+        agent_pb2.CloseSessionRequest(session_id=opened.session_id, reward=1.0), timeout=60
+    )
+    kinds = [
+        agent_pb2.SessionCallKind.Name(c.kind).removeprefix("SESSION_CALL_KIND_").lower()
+        for c in closed.session.calls
+    ]
+    # Chain 0 ends at the second call, chain 1 at the fork: each is exactly one request's ids
+    # plus what the policy returned for it.
+    ends = [seen[1], seen[2]] if len(seen) == 3 else []
+    exact = len(closed.records) == len(ends) == 2 and all(
+        list(r.prompt_ids) + list(r.response_ids) == sent + got
+        for r, (sent, got) in zip(closed.records, ends, strict=True)
+    )
+    lines = (
+        f"session {opened.session_id}: {len(kinds)} calls ({', '.join(kinds)}) ->"
+        f" {len(closed.records)} chains; chain tokens exactly what /generate was sent and"
+        f" returned: {'yes' if exact else 'NO'}\n"
+        f"its tree: swerl inspect {folder}"
+    )
+    return exact and kinds == ["root", "extend", "fork"], lines
 
 
 async def run_demo(image: str = DEFAULT_IMAGE) -> int:

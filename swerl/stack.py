@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import tempfile
 import time
@@ -40,6 +41,13 @@ class LocalStack:
     @property
     def node_addresses(self) -> list[str]:
         return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+
+def local_bundle_dir() -> Path:
+    """Where a local stack's nodes keep their harness bundles: SWERL_EXEC_HARNESS_BUNDLE_DIR,
+    else ~/.cache/swerl-bundles, so a bundle is built once per machine, not once per run."""
+    configured = os.environ.get("SWERL_EXEC_HARNESS_BUNDLE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "swerl-bundles"
 
 
 @contextlib.asynccontextmanager
@@ -88,7 +96,7 @@ async def local_stack(
                         max_sandboxes=max_sandboxes,
                         log_level="warning",
                         drain_grace_s=1.0,
-                        **(node_settings or {}),
+                        **{"harness_bundle_dir": local_bundle_dir(), **(node_settings or {})},
                     )
                 )
                 await node.start()

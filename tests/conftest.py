@@ -27,3 +27,18 @@ def base_image() -> str:
         # CI runs deploy/docker-up.sh first; a missing Docker there is a failure, not a skip.
         pytest.fail(problem)
     return BASE_IMAGE
+
+
+@pytest.fixture(scope="session")
+def harness_bundle_dir():
+    """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
+    built once and kept between runs (SWERL_EXEC_HARNESS_BUNDLE_DIR, default the local stack's
+    ~/.cache/swerl-bundles): the Node wheel and the npm package are downloaded on the first run
+    only."""
+    from swerl.exec.bundles import HARNESS_PACKAGES, HarnessBundles
+    from swerl.stack import local_bundle_dir
+
+    root = local_bundle_dir()
+    package = HARNESS_PACKAGES["claude-code"]
+    HarnessBundles(root).build_blocking(package, package.default_version)
+    return root

@@ -34,7 +34,9 @@ from typing import Any, TypeVar
 
 from swerl.agent import branching, grading
 from swerl.agent.errors import EpisodeInfraError
-from swerl.agent.harnesses import HarnessFailed, HarnessRun, harness_named
+from swerl.agent.gateway.service import Gateway
+from swerl.agent.harness_model import EpisodeModel, PolicyAborted
+from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessFailed, HarnessRun, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
 from swerl.agent.pacing import IterationGate
@@ -104,6 +106,8 @@ class EpisodeDeps:
     result_gate: IterationGate | None = None
     # Token records are built in the CPU pool one episode at a time.
     records_slot: asyncio.Semaphore | None = None
+    # The model gateway a harness episode opens its session on (swerl.agent.harness_model).
+    gateway: Callable[[], Awaitable[Gateway]] | None = None
 
 
 class Episode:
@@ -149,6 +153,8 @@ class Episode:
         self._last_branch_result: pb.RunEpisodeResponse | None = None
         # Who drives the episode in its sandbox (EpisodeOptions.harness; the runner checked it).
         self.harness = harness_named(spec.harness)
+        # A harness episode's gateway session (None for swerl's own loop).
+        self.model: EpisodeModel | None = None
 
     @property
     def key(self) -> str:
@@ -229,7 +235,8 @@ class Episode:
         lease_started = time.monotonic()
         async with self._sandbox() as sandbox:
             if self.branch is None:  # a branch starts where its trunk stopped
-                prompt_tokens = await self._first_prompt()
+                # A harness episode's prompts are its harness's own (counted by its session).
+                prompt_tokens = 0 if self._harnessed else await self._first_prompt()
                 self._emit(
                     pb.RunEpisodeResponse(
                         started=pb.EpisodeStarted(
@@ -270,6 +277,7 @@ class Episode:
                 # (its budget, a lost lease, the trainer's abort, or its own end).
                 with contextlib.suppress(Exception):
                     await harness.cancel()
+                await self._close_model()
                 self.clock.agent_s = agent_before + time.monotonic() - agent_started
             if self.graded:
                 if self.submission is not None:
@@ -279,19 +287,53 @@ class Episode:
             elif self.status is None and spec.branching:  # the trunk is at the fork
                 forks.extend(await branching.fork(self._provider, sandbox, spec))
 
+    @property
+    def _harnessed(self) -> bool:
+        """Driven by a harness other than swerl's loop (it talks to a gateway session)."""
+        return self.harness.name != DEFAULT_HARNESS
+
     async def _drive(self, sandbox: SandboxHandle) -> None:
         """The harness's prepare and run in the sandbox; its failure ends HARNESS_FAILED (the
-        sandbox is graded as it stands), its submission is the episode's patch."""
-        run = HarnessRun(spec=self.spec, sandbox=sandbox, agent_loop=self._agent_loop)
+        sandbox is graded as it stands), its submission is the episode's patch. A harness other
+        than swerl's loop gets its own gateway session, watched while it runs: a policy that
+        is down or a gateway that went away end the run INFRA_ERROR, a trainer abort ABORTED."""
+        model = None
+        if self._harnessed:
+            if self._deps.gateway is None:
+                raise EpisodeInfraError("GATEWAY_UNAVAILABLE", "this agent has no model gateway")
+            self.model = await EpisodeModel.open(await self._deps.gateway(), self.spec, self.key)
+            model = self.model.model
+        run = HarnessRun(spec=self.spec, sandbox=sandbox, agent_loop=self._agent_loop, model=model)
         try:
-            await self.harness.prepare(run)
-            submitted = await self.harness.run(run)
+            if self.model is None:
+                submitted = await self._prepare_and_run(run)
+            else:
+                submitted = await self.model.guard(self._prepare_and_run(run))
         except HarnessFailed as err:
-            self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
+            if self.model is not None and self.model.context_exhausted:
+                # It failed on the context budget its session refused: as swerl's loop ends.
+                self._end(EpisodeStatus.LIMIT_CONTEXT, "", err.detail)
+            else:
+                self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
+            return
+        except PolicyAborted as err:
+            self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", str(err))
             return
         if self.status is None and not (self.spec.branching and self.branch is None):
             self.submission = submitted
             self._end(EpisodeStatus.SUBMITTED)
+
+    async def _prepare_and_run(self, run: HarnessRun) -> str | None:
+        await self.harness.prepare(run)
+        return await self.harness.run(run)
+
+    async def _close_model(self) -> None:
+        """Ends the harness's gateway session (no call is recorded after this) and keeps its
+        records: they are the episode's samples."""
+        if self.model is not None:
+            with contextlib.suppress(Exception):
+                await self.model.close()
+            self.turns = len(self.model.session.tree.calls)  # its policy calls
 
     def _sandbox(self) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
         if self._forked is not None:
@@ -546,8 +588,10 @@ class Episode:
             m["model_query_time_avg"] = c.model_s / self.turns
         if self.tool_calls:
             m["env_execution_time_avg"] = c.env_s / self.tool_calls
-        if self.spec.config.tool_calls:
+        if self.spec.config.tool_calls and not self._harnessed:
             m.update(self.tools.metrics())
+        if self.model is not None:
+            m.update(self.model.metrics())
         if total > 0:
             m["model_time_ratio"] = c.model_s / total
             m["env_time_ratio"] = c.env_s / total
@@ -579,19 +623,25 @@ class Episode:
         """The token records, written into the final message (in the CPU pool: a long
         episode's records hold hundreds of thousands of ids)."""
         shaped = self._scoring.shaped
-        if self.spec.dynamic_history:
+        if self.model is not None:
+            # A harness episode: one sample per chain of its gateway session.
+            self._fill_chains(result, self.model.records or [], shaped(self.reward, None))
+        elif self.spec.dynamic_history:
             for index, record in enumerate(self._policy.turn_records()):
                 self._fill_record(result.turns.add(), record, shaped(self.reward, index))
         else:
             # One record per chain, each with the episode's reward; a lone chain (no trim)
             # stays in `trajectory`, where readers that predate chains find it.
-            records = self._policy.whole_records()
-            reward = shaped(self.reward, None)
-            if len(records) == 1:
-                self._fill_record(result.trajectory, records[0], reward)
-            else:
-                for record in records:
-                    self._fill_record(result.chains.add(), record, reward)
+            self._fill_chains(result, self._policy.whole_records(), shaped(self.reward, None))
+
+    def _fill_chains(
+        self, result: pb.EpisodeResult, records: list[TokenRecordData], reward: float | None
+    ) -> None:
+        if len(records) == 1:
+            self._fill_record(result.trajectory, records[0], reward)
+        else:
+            for record in records:
+                self._fill_record(result.chains.add(), record, reward)
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
@@ -614,7 +664,7 @@ class Episode:
             result.reward = self.reward
         if self.report is not None:
             result.report.CopyFrom(self.report)
-        if self._policy.recorded_turns:
+        if self._policy.recorded_turns or (self.model is not None and self.model.records):
             async with deps.records_slot or contextlib.nullcontext():
                 await self._cpu(self._fill_records, result)
         self._scoring.fill(result, self.branch, spec.branch_at)

@@ -202,6 +202,106 @@ def wrong_tool_script(wrong_patch: str | None, parser: str = "qwen25") -> list[s
     ]
 
 
+# -- harnesses: each harness's own tools ----------------------------------------------------------
+
+
+def _mini_bash(text: str, command: str) -> str:
+    """A reply of mini-swe-agent's tool-calling model: text, then one call of its `bash` tool
+    (Qwen3's Hermes-style format, the harness session's default parser)."""
+    return _calls(text, ("bash", {"command": command}))
+
+
+def _mini_submit() -> list[str]:
+    """mini-swe-agent's SWE-bench submission: the patch file, then the exact submit command."""
+    return [
+        _mini_bash(
+            "Writing the patch file (new and binary files included).",
+            "git add -A && git diff --cached --binary > patch.txt && wc -l patch.txt",
+        ),
+        _mini_bash("Submitting.", f"echo {SUBMIT_SENTINEL} && cat patch.txt"),
+    ]
+
+
+def mini_swe_agent_script(patch: str) -> list[str]:
+    """The gold script through mini-swe-agent's one tool: look, apply the fix, test, submit."""
+    encoded = base64.b64encode(patch.encode()).decode()
+    return [
+        _mini_bash("Let me look at the repository first.", "git status --short && ls"),
+        _mini_bash(
+            "I found the bug; applying the fix.",
+            f"echo {encoded} | base64 -d > /tmp/swerl_fix.patch"
+            " && git apply /tmp/swerl_fix.patch && git diff --stat",
+        ),
+        _mini_bash("Now run the test suite.", "python3 -m pytest -q 2>&1 | tail -n 5"),
+        *_mini_submit(),
+    ]
+
+
+def mini_swe_agent_wrong_script(wrong_patch: str | None) -> list[str]:
+    """A fix that does not fix, through mini-swe-agent's one tool."""
+    if wrong_patch:
+        encoded = base64.b64encode(wrong_patch.encode()).decode()
+        change = f"echo {encoded} | base64 -d | git apply && git diff --stat"
+    else:
+        change = "echo '# see the issue tracker' >> README.md && git diff --stat"
+    return [
+        _mini_bash("Looking around.", "ls"),
+        _mini_bash("I think this is the fix.", change),
+        *_mini_submit(),
+    ]
+
+
+# claude-code: its own `Bash` and `Write` tools (the gateway's Anthropic face answers each call
+# as a `tool_use` block); a reply without a call ends the CLI's run, and the diff is graded.
+CLAUDE_CODE_PATCH = "/tmp/swerl_fix.patch"  # outside the repository: the diff is the fix alone
+
+
+def _claude_bash(text: str, command: str, description: str) -> str:
+    return _calls(text, ("Bash", {"command": command, "description": description}))
+
+
+def _claude_apply(patch: str, why: str) -> list[str]:
+    return [
+        _calls(why, ("Write", {"file_path": CLAUDE_CODE_PATCH, "content": patch})),
+        _claude_bash(
+            "Applying it.", f"git apply {CLAUDE_CODE_PATCH} && git diff --stat", "Apply the patch"
+        ),
+    ]
+
+
+def claude_code_script(patch: str) -> list[str]:
+    """The gold script through claude-code's tools: look, write the fix with Write, apply it
+    with Bash, run the tests, stop."""
+    return [
+        _claude_bash("Let me look at the repository first.", "git status --short && ls", "Look"),
+        *_claude_apply(patch, "I found the bug; writing the fix as a patch."),
+        _claude_bash("Now run the test suite.", "python3 -m pytest -q 2>&1 | tail -n 5", "Test"),
+        "The fix is in place and the tests pass.",
+    ]
+
+
+def claude_code_wrong_script(wrong_patch: str | None) -> list[str]:
+    """A change that does not fix, through claude-code's tools."""
+    if wrong_patch:
+        change = _claude_apply(wrong_patch, "I think this is the fix.")
+    else:
+        change = [
+            _claude_bash(
+                "I think a note in the README is what is needed.",
+                "echo '# see the issue tracker' >> README.md && git diff --stat",
+                "Edit the README",
+            )
+        ]
+    return [_claude_bash("Looking around.", "ls", "List files"), *change, "Done."]
+
+
+# Harnesses whose replay scripts are their own (EpisodeOptions.harness -> gold, wrong).
+HARNESS_SCRIPTS = {
+    "mini-swe-agent": (mini_swe_agent_script, mini_swe_agent_wrong_script),
+    "claude-code": (claude_code_script, claude_code_wrong_script),
+}
+
+
 def script_key(problem_statement: str) -> str:
     """How a script finds its prompt: the problem statement's first non-empty line."""
     for line in problem_statement.splitlines():
@@ -211,16 +311,21 @@ def script_key(problem_statement: str) -> str:
 
 
 def scripts_for_tasks(
-    tasks: Iterable[Any], variant: str = "gold", *, tool_call_parser: str = ""
+    tasks: Iterable[Any], variant: str = "gold", *, tool_call_parser: str = "", harness: str = ""
 ) -> dict[str, list[str]]:
     """Scripts for `swerl.tasks.TaskInstance`s: `gold` resolves them, `wrong` does not,
     `destructive` kills every process of its sandbox and submits nothing. With a
     `tool_call_parser` (the `tool_calls` protocol) gold and wrong act through tool calls
-    written in that parser's format."""
+    written in that parser's format; with a `harness` of HARNESS_SCRIPTS, through that
+    harness's own tools."""
     scripts = {}
+    own = HARNESS_SCRIPTS.get(harness)
     for task in tasks:
         key = script_key(task.instance["problem_statement"])
-        if tool_call_parser and variant == "gold":
+        if own is not None and variant in ("gold", "wrong"):
+            gold, wrong = own
+            scripts[key] = gold(task.gold_patch) if variant == "gold" else wrong(task.wrong_patch)
+        elif tool_call_parser and variant == "gold":
             scripts[key] = gold_tool_script(task.gold_patch, parser=tool_call_parser)
         elif tool_call_parser and variant == "wrong":
             scripts[key] = wrong_tool_script(task.wrong_patch, parser=tool_call_parser)

@@ -25,6 +25,7 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
+from swerl.agent.gateway.service import Gateway
 from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
@@ -99,6 +100,11 @@ class EpisodeRunner:
         self._policy_retrying = connect_retrying(
             settings.policy_connect_attempts, settings.policy_connect_max_delay_s
         )
+        # The model gateway harness episodes open their sessions on: the agent's served one
+        # (AgentServer sets it), else one on a loopback port started at the first need.
+        self.gateway: Gateway | None = None
+        self._own_gateway: Gateway | None = None
+        self._gateway_lock = asyncio.Lock()
 
         async def artifacts(episode: Episode, result: pb.EpisodeResult) -> str:
             return await write_artifacts(episode, result, self.executor)
@@ -109,6 +115,7 @@ class EpisodeRunner:
             write_artifacts=artifacts,
             result_gate=self._result_gate,
             records_slot=self._records_slot,
+            gateway=self.harness_gateway,
         )
 
     def session(self) -> aiohttp.ClientSession:
@@ -117,9 +124,27 @@ class EpisodeRunner:
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
 
+    async def harness_gateway(self) -> Gateway:
+        """The gateway of harness episodes' sessions (see __init__)."""
+        async with self._gateway_lock:
+            if self.gateway is None:
+                gateway = Gateway(
+                    http_session=self.session,
+                    codecs=self.codec,
+                    executor=self.executor,
+                    host="127.0.0.1",
+                    port=0,
+                    routing_key_header=self.settings.routing_key_header,
+                )
+                await gateway.start()
+                self.gateway = self._own_gateway = gateway
+            return self.gateway
+
     async def close(self) -> None:
         for episode in list(self.running.values()):
             episode.cancel("agent shutting down")
+        if self._own_gateway is not None:
+            await self._own_gateway.stop()
         if self._session is not None:
             await self._session.close()
         self.executor.shutdown(wait=False)
@@ -224,6 +249,18 @@ class EpisodeRunner:
                 "options.branch needs the builtin harness: only swerl's loop can stop at a turn",
                 field="options.branch",
             )
+        if harness != DEFAULT_HARNESS and api != pb.POLICY_API_SGLANG_GENERATE:
+            raise InvalidEpisodeStart(
+                f"harness {harness!r} needs SGLANG_GENERATE: its gateway session sends the"
+                " policy exact token ids",
+                field="policy.api",
+            )
+        if harness != DEFAULT_HARNESS and opts.dynamic_history:
+            raise InvalidEpisodeStart(
+                "options.dynamic_history needs the builtin harness: a harness episode's samples"
+                " are its gateway session's chains",
+                field="options.dynamic_history",
+            )
         params = sampling_params_of(MessageToDict(start.policy.sampling_params))
         max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
         prm = start.prm
@@ -261,6 +298,7 @@ class EpisodeRunner:
             branch_at=branch.at_turn,
             branch_count=branch.count,
             harness=harness,
+            tokenizer_path=start.policy.tokenizer_path,
         )
 
     async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:

@@ -26,6 +26,19 @@ from swerl.exec.v1 import sandbox_pb2 as sandbox_pb
 from swerl.pool.client import Lease, PoolClient
 
 
+@dataclass(frozen=True)
+class HarnessMount:
+    """Where an in-sandbox harness finds its bundle and its gateway socket (paths inside the
+    sandbox; see the exec node's OpenHarness)."""
+
+    bundle_dir: str
+    node: str
+    harness_binary: str
+    forwarder: str
+    gateway_socket: str
+    version: str
+
+
 class SandboxHandle(Protocol):
     lease_id: str
     sandbox_id: str
@@ -47,6 +60,11 @@ class SandboxHandle(Protocol):
         ...
 
     async def diff(self) -> bytes: ...
+
+    async def open_harness(self, harness: str, gateway_url: str, api_key: str) -> HarnessMount:
+        """Readies the sandbox for an in-sandbox harness: the node's read-only bundle of it,
+        and a socket in the sandbox's I/O directory bridged to `gateway_url` only."""
+        ...
 
     async def evaluate(
         self, instance: evaluate_pb2.SweInstance, patch: bytes, timeout_s: float
@@ -160,6 +178,26 @@ class _PoolHandle:
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "GetDiff") from err
         return bytes(response.patch)
+
+    async def open_harness(self, harness: str, gateway_url: str, api_key: str) -> HarnessMount:
+        request = sandbox_pb.OpenHarnessRequest(
+            sandbox_id=self.sandbox_id,
+            harness=harness,
+            gateway_url=gateway_url,
+            gateway_api_key=api_key,
+        )
+        try:  # a first call on a node builds the bundle (minutes at most)
+            opened = await self.lease.sandbox.stub.OpenHarness(request, timeout=900)
+        except grpc.aio.AioRpcError as err:
+            raise _infra(err, "OpenHarness") from err
+        return HarnessMount(
+            bundle_dir=opened.bundle_dir,
+            node=opened.node,
+            harness_binary=opened.harness_binary,
+            forwarder=opened.forwarder,
+            gateway_socket=opened.gateway_socket,
+            version=opened.version,
+        )
 
     async def evaluate(
         self, instance: evaluate_pb2.SweInstance, patch: bytes, timeout_s: float

@@ -71,6 +71,7 @@ class AgentServer(ServiceHost):
                 routing_key_header=settings.routing_key_header,
                 max_sessions=settings.gateway_max_sessions,
             )
+            self.runner.gateway = self.gateway  # harness episodes open their sessions here
         self.server = GrpcServer(settings, name="agent")
         self.server.add_service(
             agent_pb2_grpc.add_AgentServiceServicer_to_server,

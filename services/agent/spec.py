@@ -43,6 +43,8 @@ class EpisodeSpec:
     branch_count: int = 0
     # EpisodeOptions.harness: who drives the episode in its sandbox (swerl.agent.harnesses).
     harness: str = "builtin"
+    # PolicyConfig.tokenizer_path: a harness episode's gateway session renders with it.
+    tokenizer_path: str = ""
 
     @property
     def branching(self) -> bool:

@@ -54,6 +54,8 @@ class ContainerSpec:
     cap_add: tuple[str, ...]
     # host path -> container path, read-write (the sandbox's I/O directory).
     binds: tuple[tuple[str, str], ...] = ()
+    # host path -> container path, read-only (the node's harness bundles).
+    ro_binds: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ class DockerBackend:
             mem_limit=spec.memory_bytes,
             memswap_limit=spec.memory_bytes,
             nano_cpus=int(spec.cpus * 1e9),
-            binds=[f"{host}:{inside}:rw" for host, inside in spec.binds],
+            binds=[f"{host}:{inside}:rw" for host, inside in spec.binds]
+            + [f"{host}:{inside}:ro" for host, inside in spec.ro_binds],
         )
         try:
             created = await self._call(
@@ -231,7 +234,7 @@ class DockerBackend:
                 working_dir=spec.workdir or None,
                 environment=spec.env,
                 host_config=host_config,
-                volumes=[inside for _, inside in spec.binds],
+                volumes=[inside for _, inside in (*spec.binds, *spec.ro_binds)],
                 detach=True,
             )
         except docker.errors.ImageNotFound as exc:

@@ -105,3 +105,24 @@ class SandboxBusy(FailedPrecondition):
 
 class CheckpointNotFound(NotFound):
     reason = "CHECKPOINT_NOT_FOUND"
+
+
+class UnknownHarnessBundle(InvalidArgument):
+    """OpenHarness names a harness this node has no bundle recipe for."""
+
+    reason = "UNKNOWN_HARNESS_BUNDLE"
+
+
+class InvalidHarnessVersion(InvalidArgument):
+    reason = "INVALID_HARNESS_VERSION"
+
+
+class BundleBuildFailed(Unavailable):
+    """The node could not build a harness bundle (its package registries unreachable, the
+    package without the expected executable)."""
+
+    reason = "BUNDLE_BUILD_FAILED"
+
+
+class InvalidGatewayUrl(InvalidArgument):
+    reason = "INVALID_GATEWAY_URL"

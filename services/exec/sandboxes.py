@@ -24,6 +24,7 @@ import structlog
 
 import swerl
 from swerl.chassis.capability import check as check_capability
+from swerl.exec.bundles import BUNDLE_MOUNT
 from swerl.exec.commands import check_command, with_node_defaults
 from swerl.exec.diff import DiffResult, git_diff
 from swerl.exec.docker_backend import ContainerSpec, DockerBackend
@@ -252,6 +253,12 @@ class SandboxManager:
             ),
         )
 
+    def _bundle_root(self) -> Path:
+        """The node's harness bundles (swerl.exec.bundles), read-only in every sandbox."""
+        root = self.settings.bundle_dir
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
     def io_dir(self, sandbox_id: str) -> Path:
         return self.settings.state_dir / "io" / sandbox_id
 
@@ -448,6 +455,7 @@ class SandboxManager:
                     network=spec.network,
                     cap_add=tuple(s.cap_add),
                     binds=((str(ensure_io_dir(self.io_dir(sandbox_id))), CONTAINER_IO_DIR),),
+                    ro_binds=((str(self._bundle_root()), BUNDLE_MOUNT),),
                 )
             )
             record = self._record_from_labels(container_id, labels, expire)

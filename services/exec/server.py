@@ -12,10 +12,12 @@ from pathlib import Path
 import grpc
 
 from swerl.chassis.server import GrpcServer, ServiceHost
+from swerl.exec.bundles import HarnessBundles
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.evaluate import Evaluator
 from swerl.exec.evaluate_servicer import EvaluateServicer
 from swerl.exec.forks import CheckpointStore, ForkManager
+from swerl.exec.harness_host import HarnessHost
 from swerl.exec.pool_registration import register_with_pool
 from swerl.exec.sandboxes import SandboxManager
 from swerl.exec.servicer import SandboxServicer
@@ -44,9 +46,13 @@ class ExecNode(ServiceHost):
             self.manager,
             CheckpointStore(str(settings.state_dir / f"{settings.node_id}.checkpoints.sqlite")),
         )
+        self.harnesses = HarnessHost(
+            self.manager,
+            HarnessBundles(settings.bundle_dir, package_index=settings.harness_package_index),
+        )
         self.server.add_service(
             sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
-            SandboxServicer(self.manager, self.forks),
+            SandboxServicer(self.manager, self.forks, self.harnesses),
             [SANDBOX_SERVICE],
         )
         self.server.add_service(
@@ -77,6 +83,7 @@ class ExecNode(ServiceHost):
         if self._registration is not None:
             self._registration.cancel()
         await self.forks.stop()
+        await self.harnesses.stop()
         await self.manager.stop()
         self.forks.store.close()
         self.store.close()

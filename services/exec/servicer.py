@@ -20,6 +20,7 @@ from swerl.exec.commands import (
     run_commands,
 )
 from swerl.exec.forks import Checkpoint, ForkManager
+from swerl.exec.harness_host import HarnessHost
 from swerl.exec.image_ensure import ImageEvent
 from swerl.exec.images import CachedImage
 from swerl.exec.output import STDERR, STDOUT
@@ -153,9 +154,10 @@ def _exit_pb(event: Exit) -> pb.ExecExit:
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, manager: SandboxManager, forks: ForkManager) -> None:
+    def __init__(self, manager: SandboxManager, forks: ForkManager, harnesses: HarnessHost) -> None:
         self._m = manager
         self._forks = forks
+        self._harnesses = harnesses
 
     @property
     def _node(self) -> str:
@@ -348,6 +350,26 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self, request: pb.DeleteCheckpointRequest, context: Any
     ) -> pb.DeleteCheckpointResponse:
         return pb.DeleteCheckpointResponse(existed=await self._forks.delete(request.checkpoint_id))
+
+    async def OpenHarness(
+        self, request: pb.OpenHarnessRequest, context: Any
+    ) -> pb.OpenHarnessResponse:
+        require_lease_token(self._m, context, request.sandbox_id)
+        opened = await self._harnesses.open(
+            request.sandbox_id,
+            request.harness,
+            request.version,
+            request.gateway_url,
+            request.gateway_api_key,
+        )
+        return pb.OpenHarnessResponse(
+            bundle_dir=opened.bundle_dir,
+            node=opened.node,
+            harness_binary=opened.harness_binary,
+            forwarder=opened.forwarder,
+            gateway_socket=opened.gateway_socket,
+            version=opened.version,
+        )
 
 
 def _image_to_pb(image: CachedImage) -> pb.Image:

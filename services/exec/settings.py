@@ -117,9 +117,26 @@ class ExecSettings(ServiceSettings):
     node_labels: dict[str, str] = Field(
         default_factory=dict, description="labels for the pool's node_selector (JSON object)"
     )
+    harness_bundle_dir: Path | None = Field(
+        None,
+        description="where this node keeps its read-only harness bundles (Node runtime + CLI"
+        " harness, one directory per harness and version, built on demand or by `swerl exec"
+        " bundle`); mounted read-only into every sandbox at /opt/swerl/bundles (default:"
+        " <state_dir>/bundles)",
+    )
+    harness_package_index: str = Field(
+        "",
+        description="PyPI index the bundle builder downloads the Node runtime wheel from (empty:"
+        " pip's default)",
+    )
     evaluation_host_network_test_only: bool = Field(
         False,
         description="TEST ONLY, never on a real node: Evaluate's own sandboxes join this node's "
         "network namespace (its 127.0.0.1 and its gRPC port included), so a test can serve a "
         "task's data on loopback; overrides evaluation_network",
     )
+
+    @property
+    def bundle_dir(self) -> Path:
+        """The directory of the node's harness bundles."""
+        return self.harness_bundle_dir or self.state_dir / "bundles"

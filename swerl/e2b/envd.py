@@ -110,16 +110,23 @@ async def _stream(
     keepalive = float(request.headers.get("Keepalive-Ping-Interval", DEFAULT_KEEPALIVE_S) or 50)
     error: ConnectError | None = None
     try:
+        # Each batch of events goes out in one write, and the last one with the end of the
+        # stream: a quick command's output, end and end-of-stream cost one send, not three.
         await response.write(envelope({"event": first}))
-        async for event in process.follow(start, keepalive):
+        pending = b""
+        async for batch in process.follow(start, keepalive):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            await response.write(envelope({"event": event}))
+            data = b"".join(envelope({"event": event}) for event in batch)
+            if process.ended:  # the last batch: it goes with the end of the stream
+                pending += data
+            else:
+                await response.write(data)
         error = process.error
         if deadline is not None and time.monotonic() >= deadline and error is None:
             if not process.events or "end" not in process.events[-1]:
                 error = ConnectError("deadline_exceeded", "the stream's timeout passed")
-        await response.write(end_of_stream(error))
+        await response.write_eof(pending + end_of_stream(error))
     except (ConnectionResetError, ConnectionError):
         # The client went away (disconnect): the process runs on, as on E2B.
         pass
@@ -288,15 +295,14 @@ async def files_get(request: web.Request) -> web.StreamResponse:
         size = await files.file_size(sandbox.target, path)
     except ConnectError as error:
         return _file_error(error)
-    response = web.StreamResponse(
-        headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}
-    )
+    # The body is chunked, not sized up front: the file may shrink or be rewritten between
+    # its stat and its last segment, and a Content-Length the body then falls short of leaves
+    # the client waiting for bytes that never come.
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.enable_chunked_encoding()
     await response.prepare(request)
     with contextlib.suppress(ConnectionResetError, ConnectionError):
-        sent = 0
         async for chunk in files.read(sandbox.target, path, size):
-            chunk = chunk[: size - sent]
-            sent += len(chunk)
             await response.write(chunk)
         await response.write_eof()
     return response

@@ -218,18 +218,25 @@ async def file_size(target: ExecTarget, path: str) -> int:
 
 
 async def read(target: ExecTarget, path: str, size: int) -> AsyncIterator[bytes]:
-    """The file's bytes in segments of READ_SEGMENT_BYTES (one Exec call each)."""
-    segments = max(1, -(-size // READ_SEGMENT_BYTES))
-    block = 1 << 20
-    per_segment = READ_SEGMENT_BYTES // block
-    for index in range(segments):
+    """The file's first `size` bytes (its size when the download began) in segments of
+    READ_SEGMENT_BYTES, one Exec call each; byte offsets, so a segment that comes back short
+    (the file shrank or was rewritten meanwhile) ends the read there instead of skipping
+    what followed it. Bytes it gained meanwhile are not read."""
+    sent = 0
+    while sent < size:
+        want = min(READ_SEGMENT_BYTES, size - sent)
         script = (
-            f"dd if={_resolve(path)} bs={block} skip={index * per_segment}"
-            f" count={per_segment} status=none"
+            f'p={_resolve(path)}; {_exists_guard()}tail -c +{sent + 1} -- "$p" | head -c {want}'
         )
-        result = await run_script(target, script, max_output_bytes=READ_SEGMENT_BYTES + block)
+        result = await run_script(target, script, max_output_bytes=want + 1024)
+        if sent and result.exit_code == NOT_FOUND:
+            return  # removed since: the body is what was read
         _check(result, path)
-        yield result.stdout
+        if result.stdout:
+            yield result.stdout
+        sent += len(result.stdout)
+        if len(result.stdout) < want:
+            return
         await asyncio.sleep(0)
 
 

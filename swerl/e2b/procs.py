@@ -6,12 +6,13 @@ the Start stream and any later Connect stream follow.
 
 Commands on one swerl sandbox run one at a time on its node, so a process is not run as one of
 them: a short launch command starts it as a job of its own in the sandbox (its own process
-group, stdout/stderr/exit status in files, stdin through a FIFO, see `launch_command`) and the
-face follows it with short poll commands that read its files from the offsets already seen. A
-long or background process therefore never holds the queue: later foreground and background
-processes start and end while it runs. A kill (or the process's timeout) kills its whole group;
-a process's files are removed once it has ended and its output is read, and the container
-takes everything else with it when the sandbox ends.
+group, stdout/stderr/exit status in files, stdin through a FIFO; the bash is `swerl.e2b.scripts`)
+and the face follows it with short poll commands that read its files from the offsets already
+seen, a bounded amount per poll. A long or background process therefore never holds the queue:
+later foreground and background processes start and end while it runs. A kill (or the
+process's timeout) kills its whole group; a process's files are removed soon after it has ended
+and its output is read (in batches, off a quick command's path), and the container takes
+everything else with it when the sandbox ends.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
-import re
-import shlex
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -31,6 +31,15 @@ from typing import Any, Protocol
 import grpc
 
 from swerl.e2b.connect import ConnectError
+from swerl.e2b.scripts import (
+    INLINE_READ_BYTES,
+    cleanup_command,
+    job_spec,
+    kill_command,
+    launch_command,
+    poll_command,
+    stdin_command,
+)
 from swerl.exec.client import start_message
 from swerl.exec.v1 import sandbox_pb2 as pb
 
@@ -63,130 +72,14 @@ class ProcessConfig:
         return body
 
 
-# Where a process's files live in the sandbox: PREFIX<pid>.out/.err (its output), .rc (its exit
-# status), .in (its stdin FIFO), .hold (the pid of what keeps that FIFO open), .pgid, .done.
-RECORD_PREFIX = "/tmp/.swerl-e2b-"
-# How long the launching command waits for a short process to end, so that a quick command
-# (`echo hi`) comes back with its output in one round trip instead of being polled.
-LAUNCH_GRACE_S = 0.1
-# The sandbox's one FIFO on which every ended process writes `<pid> <status>` (made by the first
-# launch, kept until the sandbox ends), so a launch can wait for its process without a timer.
-DONE_FIFO = "/tmp/.swerl-e2b.done"
 # The pause between two polls of a running process's files: short while output comes, growing
 # while it is quiet.
 POLL_MIN_S = 0.01
 POLL_MAX_S = 0.2
-
-
-def _job(config: ProcessConfig, user: str | None) -> str:
-    """The bash source of the job itself.
-
-    E2B runs `/bin/bash -l -c CMD`. The node's shell is a login shell already, with the
-    profile's environment, so as root CMD runs in a subshell of it (`eval` keeps a syntax error
-    of CMD inside the job): no exec, no profile read per command, which are most of a short
-    command's cost. Any other process, or another user, runs as its own argv.
-    """
-    argv = [config.cmd, *config.args]
-    if not (user and user != "root") and len(argv) == 4 and argv[:3] == ["/bin/bash", "-l", "-c"]:
-        return f"eval {shlex.quote(argv[3])}"
-    if argv[:2] == ["/bin/bash", "-l"]:
-        argv = ["/bin/bash", *argv[2:]]
-    if user and user != "root":
-        argv = ["runuser", "-u", user, "--", *argv]
-    return shlex.join(argv)
-
-
-# Words with which CMD could replace the shell that records its status, or that shell's EXIT
-# trap: such a CMD runs in a subshell of its own (one more fork).
-_REPLACES_SHELL = re.compile(r"\b(exec|trap|source)\b|(^|[;&|(\s])\.\s")
-
-
-def _files(pid: int) -> str:
-    return f"{RECORD_PREFIX}{pid}"
-
-
-def _report(files: str, out_from: int, err_from: int, *, ended: str) -> str:
-    """Bash that writes the process's output from the given offsets (stdout to stdout, stderr
-    to stderr) and removes its files when `ended` (a bash condition) held before the reads."""
-    return (
-        f"[ -s {files}.out ] && tail -c +{out_from + 1} {files}.out 2>/dev/null; "
-        f"[ -s {files}.err ] && tail -c +{err_from + 1} {files}.err >&2 2>/dev/null; "
-        f"if {ended}; then rm -f {files}.*; fi"
-    )
-
-
-def launch_command(config: ProcessConfig, user: str | None, pid: int, stdin: bool) -> str:
-    """The bash source that starts an E2B process detached from the node's command queue.
-
-    The process runs as a job of its own (`set -m`: its own process group, which a kill ends
-    whole), with its stdout/stderr in files, its stdin through a FIFO held open until
-    CloseStdin (or /dev/null), and its exit status written to a file when it ends. The
-    launching command then waits up to LAUNCH_GRACE_S for it: a process that ends by then is
-    reported at once (first line `E <status>`, then its output); one that does not answers
-    `R` and is followed by `poll_command`. Two forks (the job's group and the subshell whose
-    status it records) and, for a quick process, a read of each stream it wrote are added to
-    a short command's path; the sandbox's DONE_FIFO is made once.
-    """
-    f, done = _files(pid), DONE_FIFO
-    if stdin:
-        fifo = f"mkfifo {f}.in; "
-        hold = f"sleep infinity >{f}.in 2>/dev/null & __e2b_h=$!; echo $__e2b_h >{f}.hold; "
-        job_in, unhold = f"<{f}.in", "kill $__e2b_h 2>/dev/null; "
-    else:
-        fifo, hold, job_in, unhold = "", "", "</dev/null", ""
-    job = _job(config, user)
-    record = f"echo $__e2b_rc >{f}.rc; echo {pid} $__e2b_rc 1<>{done}"
-    if job.startswith("eval ") and not _REPLACES_SHELL.search(config.args[-1]):
-        # CMD runs in the group's own shell (no subshell fork); its status is recorded by an
-        # EXIT trap, which an `exit` in CMD runs too.
-        group = (
-            f"{{ {hold}trap '__e2b_rc=$?; {unhold}{record}' EXIT; {job} {job_in}; }} "
-            f">{f}.out 2>{f}.err &"
-        )
-    else:
-        # CMD might replace the shell or its EXIT trap (exec, trap, source): a subshell of its
-        # own, whose status the group records.
-        group = (
-            f"{{ {hold}( {job} ) {job_in} >{f}.out 2>{f}.err; __e2b_rc=$?; {unhold}{record}; }} &"
-        )
-    return (
-        f"[ -p {done} ] || mkfifo {done}; {fifo}set -m; {group} "
-        f"echo $! >{f}.pgid; set +m; exec 4<>{done}; __e2b_rc=; "
-        f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
-        f'[ "$__e2b_p" = {pid} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
-        f"if [ -n \"$__e2b_rc\" ]; then printf 'E %s\\n' $__e2b_rc; "
-        f"{_report(f, 0, 0, ended='true')}; else printf 'R\\n'; fi"
-    )
-
-
-def poll_command(pid: int, out_from: int, err_from: int) -> str:
-    """Bash that reports a detached process: `E <status>` (it has ended) or `R`, then its new
-    output; an ended process's files are removed once read."""
-    f = _files(pid)
-    return (
-        f"if [ -e {f}.rc ]; then read -r __e2b_rc <{f}.rc; __e2b_e=true; "
-        "printf 'E %s\\n' $__e2b_rc; else __e2b_e=false; printf 'R\\n'; fi; "
-        + _report(f, out_from, err_from, ended="$__e2b_e")
-    )
-
-
-def kill_command(pid: int, out_from: int, err_from: int) -> str:
-    """Bash that kills a detached process's whole group (its stdin holder with it), then
-    reports what it wrote and removes its files."""
-    f = _files(pid)
-    return f"[ -s {f}.pgid ] && kill -KILL -- -$(<{f}.pgid) 2>/dev/null; printf 'K\\n'; " + _report(
-        f, out_from, err_from, ended="true"
-    )
-
-
-def stdin_command(pid: int, close: bool) -> str:
-    """Bash that copies the command's own stdin into the process's FIFO (opened read-write, so
-    it never blocks on a process that has ended), and ends the FIFO's holder on close."""
-    f = _files(pid)
-    source = f"[ -p {f}.in ] && cat 1<>{f}.in || cat >/dev/null"
-    if close:
-        source += f"; [ -s {f}.hold ] && kill $(<{f}.hold) 2>/dev/null; true"
-    return source
+# Ended processes whose files wait for removal: removed by the next poll or kill, or by a
+# cleanup command once the lane has been idle CLEANUP_IDLE_S (or holds CLEANUP_MAX of them).
+CLEANUP_IDLE_S = 0.05
+CLEANUP_MAX = 200
 
 
 @dataclass
@@ -201,6 +94,7 @@ class Process:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     stdin_open: bool = False
     killed: bool = False
+    kill_sent: bool = False  # its group was killed (a report said `K`)
     start: Any = None  # the ExecStart of its launch command
     out_read: int = 0  # bytes of its stdout file already emitted
     err_read: int = 0
@@ -221,9 +115,10 @@ class Process:
                 self.ended = True
             self.changed.notify_all()
 
-    async def follow(self, start: int, keepalive_s: float) -> AsyncIterator[dict[str, Any]]:
-        """The events from index `start` on, as they come, with a keepalive event after each
-        quiet `keepalive_s`; ends after the last one."""
+    async def follow(self, start: int, keepalive_s: float) -> AsyncIterator[list[dict[str, Any]]]:
+        """The events from index `start` on, in batches as they come (what has come since the
+        last batch, so a stream can send them in one write), with a keepalive event after each
+        quiet `keepalive_s`; ends after the batch with the last one."""
         index = start
 
         def moved() -> bool:
@@ -239,11 +134,11 @@ class Process:
                 batch = self.events[index:]
                 done = self.ended
             if quiet and not batch and not done:
-                yield {"keepalive": {}}
+                yield [{"keepalive": {}}]
                 continue
             index += len(batch)
-            for event in batch:
-                yield event
+            if batch:
+                yield batch
             if done and index >= len(self.events):
                 return
 
@@ -279,9 +174,18 @@ class ProcessTable:
     poll, stdin, kill), one after another over one ExecCommands call, so a long or background
     process never holds the sandbox's command queue: later processes start while it runs."""
 
-    def __init__(self, target: ExecTarget, *, max_output_bytes: int) -> None:
+    def __init__(
+        self, target: ExecTarget, *, max_output_bytes: int, max_poll_bytes: int = 4 << 20
+    ) -> None:
         self.target = target
         self.max_output_bytes = max_output_bytes
+        # What one report reads of each stream: both streams and the header stay under the
+        # node's output cap of a command, which would otherwise drop the middle of a large one.
+        self.cap = max(1, min(max_poll_bytes, (max_output_bytes - 64) // 2))
+        self._trash: list[str] = []  # records of processes ended and read: their files can go
+        # Record names are this table's own (a sandbox made from a snapshot of another holds
+        # the files the other had then; its pids start over).
+        self._records = secrets.token_hex(4)
         self.running: dict[int, Process] = {}
         self._pids = itertools.count(1000)
         self._ops: deque[_Op] = deque()
@@ -312,7 +216,9 @@ class ProcessTable:
         process = Process(next(self._pids), tag, config, deadline, stdin_open=stdin)
         process.start = start_message(
             self.target.sandbox_id,
-            launch_command(config, user, process.pid, stdin),
+            launch_command(
+                job_spec(config.cmd, config.args, user), self._rec(process), stdin, self.cap
+            ),
             cwd=config.cwd or "",
             env={**env, **config.envs},
             timeout_s=SHORT_COMMAND_S,
@@ -387,6 +293,8 @@ class ProcessTable:
                     exit = response.end.exit if kind == "end" else response.exit
                     for chunk in response.end.output if kind == "end" else ():
                         take(chunk)
+                    if exit.output_truncated:  # a report is sized to fit; never let it lie
+                        raise ConnectError("internal", "a report of the sandbox was truncated")
                     return bytes(out), bytes(err), exit.exit_code
         except BaseException:
             self._drop_call()
@@ -434,6 +342,14 @@ class ProcessTable:
                         await asyncio.wait_for(self._wake.wait(), pause)
                     continue
                 self._wake.clear()
+                if self._trash:
+                    # Idle with files to remove: remove them unless work comes first.
+                    idle = CLEANUP_IDLE_S if len(self._trash) < CLEANUP_MAX else 0.0
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), idle)
+                    if not self._wake.is_set():
+                        await self._cleanup()
+                    continue
                 try:
                     await asyncio.wait_for(self._wake.wait(), MAX_CALL_AGE_S)
                 except asyncio.TimeoutError:
@@ -456,7 +372,8 @@ class ProcessTable:
         await process._emit(None, error)
 
     def _forget(self, process: Process) -> None:
-        self.running.pop(process.pid, None)
+        if self.running.pop(process.pid, None) is not None:
+            self._trash.append(self._rec(process))
         if process in self._live:
             self._live.remove(process)
 
@@ -470,7 +387,7 @@ class ProcessTable:
         elif op.kind == "stdin":
             if process.ended or process not in self._live:
                 return
-            start = self._short(stdin_command(process.pid, op.close), stdin=True)
+            start = self._short(stdin_command(self._rec(process), op.close), stdin=True)
             try:
                 await self._command(start, op.data)
             except grpc.aio.AioRpcError as err:
@@ -484,23 +401,49 @@ class ProcessTable:
 
     async def _launch(self, process: Process) -> bool:
         out, err, _ = await self._command(process.start)
-        await self._report(process, out, err)
+        await self._report(process, out, err, min(INLINE_READ_BYTES, self.cap))
         if not process.ended:
             self._live.append(process)
         return True
 
+    def _rec(self, process: Process) -> str:
+        return f"{self._records}-{process.pid}"
+
+    def _take_trash(self) -> list[str]:
+        taken, self._trash = self._trash, []
+        return taken
+
+    async def _reported(self, process: Process, source: str, ended: list[str]) -> bool:
+        try:
+            out, err, _ = await self._command(self._short(source))
+        except BaseException:
+            self._trash.extend(ended)
+            raise
+        return await self._report(process, out, err, self.cap)
+
     async def _poll(self, process: Process) -> bool:
-        start = self._short(poll_command(process.pid, process.out_read, process.err_read))
-        out, err, _ = await self._command(start)
-        return await self._report(process, out, err)
+        ended = self._take_trash()
+        rec, seen = self._rec(process), (process.out_read, process.err_read)
+        source = poll_command(rec, *seen, self.cap, ended)
+        return await self._reported(process, source, ended)
 
     async def _kill(self, process: Process) -> bool:
-        start = self._short(kill_command(process.pid, process.out_read, process.err_read))
-        out, err, _ = await self._command(start)
-        return await self._report(process, out, err)
+        ended = self._take_trash()
+        rec, seen = self._rec(process), (process.out_read, process.err_read)
+        source = kill_command(rec, *seen, self.cap, ended)
+        return await self._reported(process, source, ended)
 
-    async def _report(self, process: Process, out: bytes, err: bytes) -> bool:
-        """Emits what a launch/poll/kill command reported; True when anything moved."""
+    async def _cleanup(self) -> None:
+        ended = self._take_trash()
+        try:
+            await self._command(self._short(cleanup_command(ended)))
+        except (grpc.aio.AioRpcError, ConnectError):
+            pass  # the sandbox is going; its container takes the files with it
+
+    async def _report(self, process: Process, out: bytes, err: bytes, cap: int) -> bool:
+        """Emits what a launch/poll/kill command reported; True when anything moved. A report
+        that came back full (`cap` bytes of a stream) is followed by another before the
+        process's end is told."""
         header, _, data = out.partition(b"\n")
         if data:
             process.out_read += len(data)
@@ -508,11 +451,16 @@ class ProcessTable:
         if err:
             process.err_read += len(err)
             await process._emit({"data": {"stderr": base64.b64encode(err).decode()}})
+        more = len(data) >= cap or len(err) >= cap
+        if header == b"K":
+            process.kill_sent = True
         if header.startswith(b"E "):
-            await self._exited(process, int(header[2:] or b"1"))
-        elif header == b"K":
-            await self._end_killed(process)
-        elif header != b"R":
+            if not more:
+                await self._exited(process, int(header[2:] or b"1"))
+        elif header in (b"K", b"R"):
+            if process.kill_sent and not more:  # its group is gone and its output read
+                await self._end_killed(process)
+        else:
             reason = err.decode(errors="replace").strip() or "no report from the sandbox"
             raise ConnectError("internal", f"process {process.pid} could not be started: {reason}")
         return bool(data or err or process.ended)

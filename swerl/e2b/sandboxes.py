@@ -209,7 +209,11 @@ class SandboxRegistry:
             access_token=lease.token or secrets.token_hex(16),
             started_at=now,
             end_at=now + timeout_s,
-            processes=ProcessTable(target, max_output_bytes=self.settings.max_output_bytes),
+            processes=ProcessTable(
+                target,
+                max_output_bytes=self.settings.max_output_bytes,
+                max_poll_bytes=self.settings.max_poll_bytes,
+            ),
             target=target,
         )
         if snapshot is None:

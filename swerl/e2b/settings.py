@@ -55,6 +55,12 @@ class E2BSettings(ServiceSettings):
     max_output_bytes: int = Field(
         64 << 20, ge=1, description="output cap of one command (the node's limit applies)"
     )
+    max_poll_bytes: int = Field(
+        4 << 20,
+        ge=1,
+        description="most of each output stream one poll of a running process reads (held"
+        " under max_output_bytes)",
+    )
     embedded_max_sandboxes: int = Field(
         8, ge=1, description="sandboxes the embedded node hosts at once (no --pool)"
     )

@@ -27,8 +27,12 @@ async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
         return
     from swerl.agent.server import local_agent
 
+    # The in-process agent serves the model gateway (issue 26), so harness episodes and
+    # anything else the run starts can open sessions on it (OpenSession).
+    gateway = {"gateway_port": args.gateway_port}
     if args.pool:
-        async with local_agent(args.pool, args.token or "") as agent:
+        async with local_agent(args.pool, args.token or "", **gateway) as agent:
+            _say_gateway(agent)
             yield agent.address, args.token
         return
     from swerl.stack import local_stack
@@ -42,14 +46,20 @@ async def _agent(args: argparse.Namespace) -> AsyncIterator[tuple[str, str | Non
                 max_sandboxes=max(2, args.concurrency * (2 + (args.branches or 0))),
                 purpose=args.stack_name or f"eval-{os.getpid()}",
             ) as stack,
-            local_agent(stack.pool_address, stack.token) as agent,
+            local_agent(stack.pool_address, stack.token, **gateway) as agent,
         ):
+            _say_gateway(agent)
             node_ids = [node.settings.node_id for node in stack.nodes]
             yield agent.address, stack.token
     finally:
         # A sandbox whose creation was still under way when an interrupted run stopped its
         # nodes escapes their cleanup; these nodes never come back to reap it, so sweep here.
         await asyncio.to_thread(_remove_sandboxes_of, node_ids)
+
+
+def _say_gateway(agent: Any) -> None:
+    if agent.gateway is not None:
+        print(f"swerl eval: model gateway on {agent.gateway.url}", file=sys.stderr, flush=True)
 
 
 def _remove_sandboxes_of(node_ids: list[str]) -> None:
@@ -85,7 +95,9 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
         config = load_config(args.config_name)
         parser = config.tool_call_parser if config.tool_calls else ""
     server = ReplayPolicyServer(
-        {} if garbage else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser),
+        {}
+        if garbage
+        else scripts_for_tasks(tasks, args.replay, tool_call_parser=parser, harness=args.harness),
         tokenizer_dir=args.tokenizer,
         garbage=garbage,
         latency_s=args.replay_latency,
@@ -313,6 +325,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="bearer token of --agent/--pool (default: $SWERL_TOKEN)",
     )
     services.add_argument("--nodes", type=int, default=1, help="in-process exec nodes")
+    services.add_argument(
+        "--gateway-port",
+        type=int,
+        default=0,
+        help="model gateway port of the in-process agent (default: a free port)",
+    )
     services.add_argument("--stack-name", help=argparse.SUPPRESS)
     services.add_argument(
         "--remote-artifact-dir", default="", help="artifact_dir on a remote agent's host"

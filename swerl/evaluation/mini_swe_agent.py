@@ -27,14 +27,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import platform
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
-SUBMIT_SENTINEL = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+from swerl.agent.harnesses.mini_env import SandboxEnvironmentBase
+
 ENVIRONMENT_CLASS = "swerl.evaluation.mini_swe_agent.SwerlEnvironment"
 _NAMES = {"swerl", ENVIRONMENT_CLASS}
 T = TypeVar("T")
@@ -67,8 +67,10 @@ class SwerlEnvironmentConfig(BaseModel):
     """Output cap per command (0: the node's default), head and tail kept."""
 
 
-class SwerlEnvironment:
+class SwerlEnvironment(SandboxEnvironmentBase):
     """mini-swe-agent's Environment protocol over a swerl lease; see the module docstring."""
+
+    secret_fields: ClassVar[set[str]] = {"token"}
 
     def __init__(self, *, config_class: type = SwerlEnvironmentConfig, **kwargs: Any) -> None:
         self.config = config_class(**kwargs)
@@ -86,47 +88,14 @@ class SwerlEnvironment:
             self.cleanup()
             raise
 
-    # -- mini-swe-agent's protocol ---------------------------------------------------------
-    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
-        command = action.get("command", "")
-        limit = timeout or self.config.timeout
-        try:
-            result = self._call(self._run(command, cwd or self.config.cwd, limit))
-        except Exception as exc:  # lease lost, node unreachable: the model sees it as an error
-            output = {
-                "output": "",
-                "returncode": -1,
-                "exception_info": f"An error occurred while executing the command: {exc}",
-                "extra": {"exception_type": type(exc).__name__, "exception": str(exc)},
-            }
-        else:
-            text = result.stdout.decode("utf-8", "replace")
-            output = {"output": text, "returncode": result.exit_code, "exception_info": ""}
-            if result.timed_out:
-                output["returncode"] = -1
-                output["exception_info"] = (
-                    f"An error occurred while executing the command: timed out after {limit} s"
-                )
-                output["extra"] = {"exception_type": "TimeoutExpired", "exception": "timed out"}
-        self._check_finished(output)
-        return output
+    # -- the sandbox (swerl.agent.harnesses.mini_env shapes results and submissions) ------
+    def _exec(self, command: str, cwd: str, timeout_s: float) -> Any:
+        return self._call(self._run(command, cwd, timeout_s))
 
-    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
-        from minisweagent.utils.serialize import recursive_merge
-
-        values = self.config.model_dump(exclude={"token"})
-        return recursive_merge(values, platform.uname()._asdict(), kwargs)
-
-    def serialize(self) -> dict:
+    def _serialized_extra(self) -> dict[str, Any]:
         return {
-            "info": {
-                "config": {
-                    "environment": self.config.model_dump(mode="json", exclude={"token"}),
-                    "environment_type": f"{type(self).__module__}.{type(self).__name__}",
-                    "lease_id": getattr(self._lease, "lease_id", ""),
-                    "node_id": getattr(self._lease, "node_id", ""),
-                }
-            }
+            "lease_id": getattr(self._lease, "lease_id", ""),
+            "node_id": getattr(self._lease, "node_id", ""),
         }
 
     def cleanup(self) -> None:
@@ -181,28 +150,13 @@ class SwerlEnvironment:
         self._lease.raise_if_lost()
         env = {k: v for k in self.config.forward_env if (v := os.environ.get(k)) is not None}
         env.update(self.config.env)
-        # stderr joins stdout in the shell, so the model sees them interleaved as they happened.
         return await self._lease.run(
-            "exec 2>&1\n" + command,
+            command,
             cwd=cwd,
             env=env,
             timeout_s=float(timeout_s),
             max_output_bytes=self.config.max_output_bytes,
         )
-
-    def _check_finished(self, output: dict) -> None:
-        from minisweagent.exceptions import Submitted
-
-        lines = output.get("output", "").lstrip().splitlines(keepends=True)
-        if lines and lines[0].strip() == SUBMIT_SENTINEL and output["returncode"] == 0:
-            submission = "".join(lines[1:])
-            raise Submitted(
-                {
-                    "role": "exit",
-                    "content": submission,
-                    "extra": {"exit_status": "Submitted", "submission": submission},
-                }
-            )
 
 
 def sb_environment(config: dict, instance: dict) -> Any:

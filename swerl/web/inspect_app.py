@@ -135,15 +135,21 @@ async def token_page(request: web.Request) -> web.Response:
             }
         )
     first_turn = 0  # the episode's turn number of each chain's first policy turn
+    session = detail["session"] if detail["is_session"] else None
+    ends = {row.chain: row.index for row in session.rows} if session else {}
     for i, record in enumerate(tokens.get("chains") or []):
         parts = _split(record, decode, turn_offset=first_turn)
+        title = f"Chain {i} (trained as one sample; a trim starts the next)"
+        if session is not None:
+            title = f"Chain {i} (trained as one sample; ends at call {ends.get(i, '?')})"
         records.append(
             {
-                "title": f"Chain {i} (trained as one sample; a trim starts the next)",
+                "title": title,
                 **parts,
                 "trimmed": False,
                 # a chain after the first starts where the context was trimmed: its first turn
-                "trimmed_turns": {first_turn} if i > 0 else set(),
+                # (a session's chains start at a fork or a new root instead: no trim)
+                "trimmed_turns": {first_turn} if i > 0 and session is None else set(),
                 "counts": _counts(record),
             }
         )

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swerl.agent.gateway.artifacts import SESSION_FILE, SESSION_KIND
+from swerl.web.sessions import session_tree
+
 RESULTS_FILE = "results.jsonl"
 ARTIFACTS_DIR = "artifacts"
 SORT_KEYS = ("instance", "status", "reward", "turns", "tokens", "duration", "prm")
@@ -217,6 +220,9 @@ class Run:
             "report": report,
             "tests": tests,
             "has_tokens": bool(folder and (folder / "tokens.json").exists()),
+            # A gateway session's call tree (a session folder, or a harness episode's session).
+            "session": session_tree(_read_json(folder / SESSION_FILE)) if folder else None,
+            "is_session": meta.get("kind") == SESSION_KIND,
         }
 
     def tokens(self, key: str) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ test's own loop (async SDK) both talk to it over real HTTP on loopback ports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import threading
 import time
@@ -72,19 +73,22 @@ def e2b_containers() -> list[str]:
     return out.stdout.split()
 
 
-@pytest.fixture(scope="module")
-def face(base_image: str) -> Iterator[Face]:
-    settings = E2BSettings(
-        host="127.0.0.1",
-        port=0,
-        envd_port=0,
-        auth_token=API_KEY,
-        image_metadata_key=IMAGE_KEY,
-        templates={"base": base_image},
-        max_file_bytes=64 << 20,
-        acquire_wait_s=40.0,
-        log_level="warning",
-    )
+@contextlib.contextmanager
+def running_face(base_image: str, **overrides: Any) -> Iterator[Face]:
+    """A face (embedded pool and node) on its own event loop in a thread, with the tests'
+    settings and any `overrides`."""
+    options: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "envd_port": 0,
+        "auth_token": API_KEY,
+        "image_metadata_key": IMAGE_KEY,
+        "templates": {"base": base_image},
+        "max_file_bytes": 64 << 20,
+        "acquire_wait_s": 40.0,
+        "log_level": "warning",
+    }
+    settings = E2BSettings(**{**options, **overrides})
     loop = asyncio.new_event_loop()
     ready: dict[str, Any] = {}
     started = threading.Event()
@@ -105,6 +109,14 @@ def face(base_image: str) -> Iterator[Face]:
     started.wait(120)
     if "error" in ready:
         raise ready["error"]
-    yield Face(ready["face"], loop)
-    loop.call_soon_threadsafe(stop.set)
-    thread.join(60)
+    try:
+        yield Face(ready["face"], loop)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def face(base_image: str) -> Iterator[Face]:
+    with running_face(base_image) as running:
+        yield running

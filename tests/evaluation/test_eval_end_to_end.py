@@ -310,3 +310,64 @@ def test_bad_best_of_n_values_exit_2_with_one_line(tmp_path, flags, says):
     lines = bad.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("swerl eval: ") and says in lines[0], lines
     assert "Traceback" not in bad.stderr and not (tmp_path / "x").exists()
+
+
+def _sampled_runs(record: dict) -> list[list[int]]:
+    """The runs of mask-1 ids of a token record: what the policy sampled, call by call."""
+    runs: list[list[int]] = []
+    previous = 0
+    for token, mask in zip(record["response_ids"], record["loss_mask"], strict=True):
+        if mask and not previous:
+            runs.append([])
+        if mask:
+            runs[-1].append(token)
+        previous = mask
+    return runs
+
+
+@pytest.mark.timeout(600)
+def test_mini_swe_agent_harness_resolves_the_bundled_tasks_with_exact_token_samples(tmp_path):
+    from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
+
+    tokenizer = load_tokenizer(bundled_qwen3_tokenizer_dir())
+    tasks = {t.instance_id: t for t in load_tasks(TASKS)}
+    flags = ["--harness", "mini-swe-agent", "-j", "3"]
+    gold = _eval("--replay", "gold", *flags, "-o", str(tmp_path / "gold"), timeout=900)
+    assert gold.returncode == 0, gold.stdout + gold.stderr[-2000:]
+    records = _records(tmp_path / "gold")
+    assert len(records) == 6 and all(r["resolved"] and r["reward"] == 1.0 for r in records)
+    for record in records:
+        artifact = Path(record["artifact_dir"])
+        # mini-swe-agent's trajectory (harness.log) and the trained samples (tokens.json):
+        # one chain whose prompt is mini-swe-agent's first request and whose sampled runs
+        # are, one by one, the tool calls mini-swe-agent got back and ran.
+        trajectory = json.loads((artifact / "harness.log").read_text())
+        tokens = json.loads((artifact / "tokens.json").read_text())
+        assert tokens["chains"] == [] and tokens["trajectory"] is not None
+        chain = tokens["trajectory"]
+        prompt = tokenizer.decode(chain["prompt_ids"])
+        statement = tasks[record["instance_id"]].instance["problem_statement"]
+        assert statement.strip().splitlines()[0] in prompt
+        calls = [m for m in trajectory["messages"] if m["role"] == "assistant"]
+        runs = _sampled_runs(chain)
+        assert len(runs) == len(calls) == record["metrics"]["gateway_calls"] == 5
+        for run, call in zip(runs, calls, strict=True):
+            text = tokenizer.decode(run)
+            (tool_call,) = call["tool_calls"]
+            command = json.loads(tool_call["function"]["arguments"])["command"]
+            assert json.dumps(command)[1:-1] in text
+            assert text.endswith("<|im_end|>")
+        assert record["patch"].startswith("diff --git")
+
+
+@pytest.mark.timeout(900)
+def test_mini_swe_agent_harness_wrong_is_minus_one_and_garbage_no_infra_error(tmp_path):
+    flags = ["--harness", "mini-swe-agent", "-j", "3"]
+    wrong = _eval("--replay", "wrong", *flags, "-o", str(tmp_path / "wrong"), timeout=900)
+    assert wrong.returncode == 0, wrong.stderr[-2000:]
+    assert [r["reward"] for r in _records(tmp_path / "wrong")] == [-1.0] * 6
+    garbage = _eval("--replay", "garbage", *flags, "-o", str(tmp_path / "garbage"), timeout=900)
+    assert garbage.returncode == 0, garbage.stderr[-2000:]
+    ended = _records(tmp_path / "garbage")
+    assert len(ended) == 6 and {r["status"] for r in ended} == {"HARNESS_FAILED"}
+    assert all(r["error_reason"] == "HARNESS_FAILED" for r in ended)

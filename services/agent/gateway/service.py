@@ -57,6 +57,8 @@ class Gateway:
         )
         self.server = GatewayServer(self.store, host=host, port=port, executor=executor)
         self._public_url = public_url.rstrip("/")
+        # Set once the HTTP face is stopped: harness episodes on it end INFRA_ERROR at once.
+        self.stopped = asyncio.Event()
 
     def _policy(self, spec: SessionSpec, session_id: str) -> TokenPolicy:
         header = self._routing_key_header
@@ -88,6 +90,7 @@ class Gateway:
         return self.url
 
     async def stop(self) -> None:
+        self.stopped.set()
         await self.server.stop()
 
 

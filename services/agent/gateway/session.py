@@ -76,6 +76,8 @@ class SessionSpec:
     reasoning_parser: str = ""
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     owner: str = ""
+    # Where CloseSession writes the session for `swerl inspect` (empty: nowhere).
+    artifact_dir: str = ""
 
     def check(self) -> None:
         if not self.endpoint:
@@ -87,6 +89,10 @@ class SessionSpec:
             )
         if self.max_context_tokens < 0 or self.max_new_tokens < 0:
             raise InvalidSessionSpec("limits must not be negative", field="max_context_tokens")
+        if self.artifact_dir and not self.artifact_dir.startswith("/"):
+            raise InvalidSessionSpec(
+                "artifact_dir must be an absolute path on the agent's host", field="artifact_dir"
+            )
 
     def max_new(self) -> int:
         if self.max_new_tokens:
@@ -164,6 +170,10 @@ class Session:
         self.state = SessionState.OPEN
         self.counters = SessionCounters()
         self.aborted = asyncio.Event()
+        # Set when the session cannot go on: its policy is down (`policy_failure`, after the
+        # policy client's retries) or the trainer aborted it (a harness episode ends at once).
+        self.failed = asyncio.Event()
+        self.policy_failure: PolicyUnavailable | None = None
         self.opened = time.time()
         # Policy clients of the branch tips: a client keeps its last request's serialized ids,
         # so a chain's calls serialize only their new ids. Taken by a call, put back under the
@@ -263,6 +273,7 @@ class SessionStore:
         if abort or session.state is SessionState.ABORTED:
             session.state = SessionState.ABORTED
             session.aborted.set()
+            session.failed.set()
         elif session.state is SessionState.OPEN:
             session.state = SessionState.CLOSED
         # LIMIT_CONTEXT stays: the episode ended on its context budget.
@@ -398,10 +409,13 @@ class SessionStore:
             generation = task.result()
         except PolicyUnavailable as err:
             session.counters.infra_errors += 1
+            session.policy_failure = err
+            session.failed.set()
             raise PolicyDown(f"the policy is unavailable ({err.reason}): {err.message}") from err
         if generation.finish_reason == "abort":
             session.state = SessionState.ABORTED
             session.aborted.set()
+            session.failed.set()
             raise SessionAborted(f"session {session.id}: the trainer aborted the generation")
         return generation
 

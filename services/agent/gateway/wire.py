@@ -8,8 +8,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
+import structlog
 from google.protobuf.json_format import MessageToDict
 
+from swerl.agent.gateway.artifacts import write_session
 from swerl.agent.gateway.errors import GatewayDisabled, InvalidSessionSpec
 from swerl.agent.gateway.session import Session, SessionSpec, SessionState
 from swerl.agent.gateway.tree import CallKind
@@ -18,6 +20,7 @@ from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import seconds_of
 
 T = TypeVar("T")
+log = structlog.get_logger("swerl.agent.gateway")
 
 SESSION_STATE_PB: dict[SessionState, pb.SessionStatus] = {
     SessionState.OPEN: pb.SESSION_STATUS_OPEN,
@@ -67,6 +70,7 @@ def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
         reasoning_parser=request.reasoning_parser,
         template_kwargs=MessageToDict(request.template_kwargs),
         owner=request.owner,
+        artifact_dir=request.artifact_dir,
     )
 
 
@@ -163,6 +167,12 @@ class SessionRpcs:
         session = store.get(request.session_id)
         reward = request.reward if request.HasField("reward") else None
         response = await self._cpu(close_pb, session, records, reward)
+        if session.spec.artifact_dir:
+            try:
+                await self._cpu(write_session, session.spec.artifact_dir, response)
+            except OSError as err:
+                # The session has ended and its records are returned all the same.
+                log.warning("session_artifacts_not_written", session_id=session.id, error=str(err))
         self._closed[request.session_id] = (request.request_id, response)
         while len(self._closed) > 1024:
             self._closed.pop(next(iter(self._closed)))

@@ -5,14 +5,24 @@ Adding one is one module beside `builtin` and one line in `HARNESSES`."""
 from __future__ import annotations
 
 from swerl.agent.errors import UnknownHarness
-from swerl.agent.harnesses.base import Harness, HarnessFactory, HarnessFailed, HarnessRun
+from swerl.agent.harnesses.base import (
+    Harness,
+    HarnessFactory,
+    HarnessFailed,
+    HarnessModel,
+    HarnessRun,
+)
 from swerl.agent.harnesses.builtin import BuiltinHarness
+from swerl.agent.harnesses.claude_code import ClaudeCodeHarness
+from swerl.agent.harnesses.mini_swe_agent import MiniSweAgentHarness
 
 DEFAULT_HARNESS = "builtin"
 
 # name -> factory of one harness per episode.
 HARNESSES: dict[str, HarnessFactory] = {
     "builtin": BuiltinHarness,
+    "claude-code": ClaudeCodeHarness,
+    "mini-swe-agent": MiniSweAgentHarness,
 }
 
 
@@ -31,6 +41,7 @@ __all__ = [
     "Harness",
     "HarnessFactory",
     "HarnessFailed",
+    "HarnessModel",
     "HarnessRun",
     "UnknownHarness",
     "harness_named",

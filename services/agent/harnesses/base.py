@@ -32,6 +32,23 @@ class HarnessFailed(Exception):
 
 
 @dataclass(frozen=True)
+class HarnessModel:
+    """Where a harness reaches its policy: the episode's own gateway session. Every call through
+    it is recorded token-exact; the session's chains become the episode's samples."""
+
+    # The gateway session (GetSession / the inspector name it by this id).
+    session_id: str
+    # The session's secret: `Authorization: Bearer <key>` (OpenAI) or `x-api-key` (Anthropic).
+    api_key: str
+    # The model name the session answers to (any name is accepted; this one is echoed).
+    model: str
+    # OpenAI-compatible base URL (`.../s/<session>/v1`: POST chat/completions).
+    openai_base_url: str
+    # Anthropic-compatible base URL (`.../s/<session>`: POST v1/messages).
+    anthropic_base_url: str
+
+
+@dataclass(frozen=True)
 class HarnessRun:
     """What one harness run gets from its episode."""
 
@@ -39,6 +56,9 @@ class HarnessRun:
     sandbox: SandboxHandle
     # swerl's own policy loop over this sandbox (the builtin harness runs it; others ignore it).
     agent_loop: Callable[[SandboxHandle], Awaitable[None]]
+    # The episode's gateway session (None for the builtin harness, which calls the policy
+    # itself).
+    model: HarnessModel | None = None
 
 
 class Harness(Protocol):
