@@ -129,10 +129,15 @@ def lease_lost(sandbox: SandboxHandle) -> EpisodeInfraError:
     return EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
 
 
-def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
+def _infra(
+    err: grpc.aio.AioRpcError, what: str, fallback: str = "SANDBOX_UNAVAILABLE"
+) -> EpisodeInfraError:
+    """INFRA_ERROR with the node's own reason (SANDBOX_STOPPED, DOCKER_UNAVAILABLE, ...), so the
+    episode's result names the fault; `fallback` only when the node gave none (it could not be
+    reached, or the call's deadline passed)."""
     reason, _ = error_info(err)
     return EpisodeInfraError(
-        "SANDBOX_UNAVAILABLE", f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
+        reason or fallback, f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
     )
 
 
@@ -216,10 +221,7 @@ class _PoolHandle:
                 if response.WhichOneof("kind") == "report":
                     report = response.report
         except grpc.aio.AioRpcError as err:
-            raise EpisodeInfraError(
-                "EVALUATION_UNAVAILABLE",
-                f"Evaluate failed: {err.code().name} {error_info(err)[0] or ''} {err.details()}",
-            ) from err
+            raise _infra(err, "Evaluate", "EVALUATION_UNAVAILABLE") from err
         if report is None:
             raise EpisodeInfraError("EVALUATION_UNAVAILABLE", "Evaluate ended without a report")
         return report

@@ -29,7 +29,7 @@ from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.chassis.client import make_channel
 from swerl.chassis.retry import async_retrying
 from swerl.chassis.timeconv import duration_pb
-from swerl.exec.client import ExecResult, SandboxClient
+from swerl.exec.client import NODE_CHANNEL_OPTIONS, ExecResult, SandboxClient
 from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2 as exec_pb
 from swerl.pool import placement
@@ -112,6 +112,7 @@ class Lease:
             token=pool.token,
             tls_ca_file=pool.tls_ca_file,
             metadata_provider=self._token_metadata,
+            extra_options=NODE_CHANNEL_OPTIONS,
         )
         self.sandbox = SandboxClient(self.channel)
         self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
