@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("base_image", "harness_bundle_dir")
 
 # A Bash call that does not come back by itself (the tool's own longest timeout).
 HANG = get_tool_call_format("qwen25").render_call(
-    "Bash", {"command": "sleep 3600", "description": "Wait", "timeout": 600000}
+    "Bash", {"command": "tail -f /dev/null", "description": "Wait", "timeout": 600000}
 )
 # The claude processes of a container, found without matching the finder itself.
 KILL_CLAUDE = (
