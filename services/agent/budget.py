@@ -9,9 +9,10 @@ within that plus `GRADING_OVERHEAD_S`, else the episode ends INFRA_ERROR `GRADIN
 swerl's own loop keeps its contract: `wall_timeout` for the loop, `eval_timeout` for the grading.
 
 The budgets around an episode are ordered so that no sandbox is held past its episode: a
-client's deadline on RunEpisode (the plugin's `episode_deadline_s`, `swerl eval`'s) exceeds
-`agent_bound_s`, the longest the agent works for one episode once leased, and every lease the
-agent holds is released within it (the pool's lease TTL only outlives an agent that vanished).
+client's deadline on RunEpisode (the plugin's `episode_deadline_s`, `swerl eval`'s, see
+`client_deadline_s`) exceeds the agent's wait for a lease plus `agent_bound_s`, the longest the
+agent works for one episode once leased, and every lease the agent holds is released within
+that bound (the pool's lease TTL only outlives an agent that vanished).
 
 Pure domain: no gRPC.
 """
@@ -27,6 +28,10 @@ GRADING_OVERHEAD_S = 60.0
 MIN_GRADING_S = 1.0
 # The reason of a harness episode whose grading did not end within its budget.
 GRADING_OVER_BUDGET = "GRADING_OVER_BUDGET"
+# How long an episode waits for its sandbox by default (the agent's `lease_wait_s`).
+DEFAULT_LEASE_WAIT_S = 600.0
+# What a client's deadline keeps beyond the agent's bound (the result's way back).
+CLIENT_MARGIN_S = 60.0
 
 
 def grading_share_s(budget_s: float, eval_timeout_s: float) -> float:
@@ -50,3 +55,16 @@ def agent_bound_s(wall_timeout_s: float, eval_timeout_s: float, *, harnessed: bo
     if harnessed:
         return wall_timeout_s + GRADING_OVERHEAD_S
     return wall_timeout_s + eval_timeout_s + GRADING_OVERHEAD_S
+
+
+def client_deadline_s(
+    wall_timeout_s: float,
+    eval_timeout_s: float,
+    *,
+    harnessed: bool,
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S,
+) -> float:
+    """The shortest deadline a client may set on one RunEpisode call: the agent's wait for the
+    lease, its bound on the episode, and a margin for the result's way back."""
+    bound = agent_bound_s(wall_timeout_s, eval_timeout_s, harnessed=harnessed)
+    return lease_wait_s + bound + CLIENT_MARGIN_S

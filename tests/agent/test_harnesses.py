@@ -277,12 +277,24 @@ async def test_a_grading_past_the_budget_ends_infra_error_grading_over_budget(ha
 def test_the_budgets_are_ordered_client_over_agent_over_grading():
     """A client's deadline exceeds the agent's bound on an episode, which exceeds the harness's
     share and the grading's limit: no sandbox is held past its episode."""
+    from swerl.agent.settings import AgentSettings
     from swerl.evaluation.runner import EvalConfig
 
-    for harnessed in (True, False):
-        config = EvalConfig(policy_endpoint=NO_POLICY, wall_timeout_s=100.0, eval_timeout_s=50.0)
-        bound = budget.agent_bound_s(100.0, 50.0, harnessed=harnessed)
-        assert config.episode_deadline_s > bound
+    for harness in ("mini-swe-agent", "builtin"):
+        for eval_s in (1.0, 50.0):
+            config = EvalConfig(
+                policy_endpoint=NO_POLICY,
+                wall_timeout_s=100.0,
+                eval_timeout_s=eval_s,
+                harness=harness,
+            )
+            harnessed = harness != "builtin"
+            bound = budget.agent_bound_s(100.0, eval_s, harnessed=harnessed)
+            # swerl eval's deadline outlasts the agent's wait for the lease plus its bound.
+            assert config.episode_deadline_s > budget.DEFAULT_LEASE_WAIT_S + bound
+            assert bound > 100.0 + (0.0 if harnessed else eval_s)
+    # The agent's default wait for a sandbox is the one the deadline counts on.
+    assert AgentSettings.model_fields["lease_wait_s"].default == budget.DEFAULT_LEASE_WAIT_S
     assert budget.harness_run_s(100.0, 50.0) == 75.0  # a quarter of the budget, at most
     assert budget.harness_run_s(100.0, 10.0) == 90.0  # the grading's own limit, when less
     assert budget.grading_limit_s(25.0, 50.0) == 25.0  # what is left ...
