@@ -292,7 +292,7 @@ class MemoryProvider:
         self.count = 0
 
     @contextlib.asynccontextmanager
-    async def lease(self, image, *, owner, instance_id, request_id, workdir):
+    async def lease(self, image, *, owner, instance_id, request_id, workdir, avoid_node_ids=()):
         self.count += 1
         yield MemorySandbox(self.count)
 

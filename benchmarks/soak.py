@@ -366,6 +366,10 @@ _CAUSES = {
     "POLICY_ERROR": ("policy_error",),
     "POLICY_UNAVAILABLE": ("policy_hang",),
     "SANDBOX_UNAVAILABLE": _SANDBOX_FAULTS,
+    # The node's own reasons, which the agent now passes on: Docker stopped the container under
+    # a command (a dockerd restarting), or dockerd did not answer.
+    "SANDBOX_STOPPED": ("dockerd_restart",),
+    "DOCKER_UNAVAILABLE": ("dockerd_restart",),
     "SANDBOX_NOT_RUNNING": _SANDBOX_FAULTS,
     "LEASE_LOST": _SANDBOX_FAULTS,
     "LEASE_UNAVAILABLE": _SANDBOX_FAULTS,
@@ -379,6 +383,8 @@ _NODE_CAUSES = (
     ("DOCKER_UNAVAILABLE", ("dockerd_restart",)),
     ("Socket closed", ("node_kill",)),
     ("Connection reset by peer", ("node_kill",)),
+    # The lease channel's pings went unanswered: the node was stopped.
+    ("ping timeout", ("node_stop",)),
 )
 
 

@@ -26,12 +26,19 @@ makes every member an infra placeholder, so the filter drops the group; a trunk 
 before the fork gives the first member its partial trajectory and the others aborted
 placeholders.
 
-Dynamic history (`share_trunk_once`): every branch's per-turn records begin with the trunk's k
-turns, identical in tokens and logprobs. They are emitted once per group, at the head of the
-first member's list whose branch is trainable, with the mean of the branches' rewards for that
-turn and `metadata["branch_trunk"] = True`; every other member's list holds its own turns only.
-rewards.py leaves the trunk's samples out of the group's statistics and normalises them against
-them (without PRM shaping their advantage is then 0: the mean over the branches).
+Dynamic history (`mark_trunk_turns`): every branch's per-turn records begin with the trunk's k
+turns, identical in tokens and logprobs, and every member's list keeps its own copy of them, on
+its own `rollout_id`, with its own branch's rewards (`metadata["branch_trunk"]` marks them). The
+frameworks' loss reducer takes one token mean per `rollout_id` (its denominator
+`rollout_mask_sums`: slime ray/rollout.py:685-700, divided by in backends/megatron_utils/
+cp_utils.py:73-80 `sum_of_sample_mean`; miles ray/rollout/train_data_conversion.py:101, :162-169
+and backends/training_utils/cp_utils.py:98-125), so each
+member's rollout weighs exactly as one unbranched episode with that trajectory would: the same for
+every member. (Emitting the trunk once under one member's `rollout_id` put extra tokens in that
+member's denominator and down-weighted its own turns; the trunk cannot be a rollout of its own
+either, since both frameworks require the samples of one returned list to share one `rollout_id`,
+slime observability/rollout_data_utils.py:92-121, miles rollout_data_conversion.py:54-72.) The
+trunk's tokens are trained n times, as n episodes that sampled the same prefix would be.
 """
 
 from __future__ import annotations
@@ -298,45 +305,11 @@ def annotate(
         sample.metadata.setdefault(convert.BRANCH_TRUNK, False)
 
 
-def share_trunk_once(
-    member_samples: list[list[Any]],
-    at_turn: int,
-    make_placeholder: Callable[[int], Any],
-) -> list[list[Any]]:
-    """Dynamic history: the trunk's turns (turn_index < at_turn) once per group, at the head of
-    the first trainable member's list, each with the mean reward of that turn over the graded
-    branches; every list keeps its own turns. A member left with no turn of its own gets
-    `make_placeholder(member)`."""
-
-    def is_trunk(sample: Any) -> bool:
-        turn = sample.metadata.get(convert.TURN_INDEX)
-        return isinstance(turn, int) and turn < at_turn
-
-    def graded(sample: Any) -> bool:
-        return not sample.remove_sample and sample.metadata.get(convert.OUTCOME_REWARD) is not None
-
-    rewards: dict[int, list[float]] = {}
+def mark_trunk_turns(member_samples: list[list[Any]], at_turn: int) -> None:
+    """Dynamic history: marks each member's copies of the trunk's turns (turn_index < at_turn)
+    with `metadata["branch_trunk"]`. Every member keeps its own copy, with its own rewards and
+    on its own rollout_id (see the module docstring: one weight per member in the loss)."""
     for samples in member_samples:
         for sample in samples:
-            if is_trunk(sample) and graded(sample):
-                rewards.setdefault(sample.metadata[convert.TURN_INDEX], []).append(
-                    float(sample.reward)
-                )
-    out: list[list[Any]] = []
-    holder: int | None = None
-    for i, samples in enumerate(member_samples):
-        own = [s for s in samples if not is_trunk(s)]
-        trunk = [s for s in samples if is_trunk(s)]
-        if not own:
-            own = [make_placeholder(i)]
-        if holder is None and trunk and not any(s.remove_sample for s in own):
-            holder = i
-            for sample in trunk:
-                found = rewards.get(sample.metadata[convert.TURN_INDEX])
-                if found and graded(sample):
-                    sample.reward = sum(found) / len(found)
-                    sample.metadata[convert.REWARD] = sample.reward
-                sample.metadata[convert.BRANCH_TRUNK] = True
-            own = [*trunk, *own]
-        out.append(own)
-    return out
+            turn = sample.metadata.get(convert.TURN_INDEX)
+            sample.metadata[convert.BRANCH_TRUNK] = isinstance(turn, int) and turn < at_turn

@@ -285,21 +285,6 @@ def _fill_prefix_cache(sample: Any, record: agent_pb2.TokenRecord) -> None:
     info.total_prompt_tokens = int(record.engine_prompt_tokens)
 
 
-def placeholder(
-    template: Any,
-    outcome: EpisodeOutcome,
-    reason: str,
-    message: str,
-    *,
-    aborted: bool,
-    spec: ReplaySpec | None = None,
-) -> Any:
-    """A sample never trained on (see `_placeholder`), for callers that build groups."""
-    return _placeholder(
-        template, outcome, reason, message, aborted=aborted, spec=spec or ReplaySpec()
-    )
-
-
 def _placeholder(
     template: Any,
     outcome: EpisodeOutcome,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -30,7 +29,15 @@ from google.protobuf import struct_pb2
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2
 from swerl.exec.sweinstance import InstanceError, sample_instance
-from swerl.trainer_plugin import branching, convert, framework, metrics, refusals, rewards
+from swerl.trainer_plugin import (
+    branching,
+    convert,
+    framework,
+    metrics,
+    refusals,
+    reruns,
+    rewards,
+)
 from swerl.trainer_plugin.episode import AgentDirectory, EpisodeOutcome, run_episode
 from swerl.trainer_plugin.prefetch import prefetcher
 from swerl.trainer_plugin.replay import (
@@ -142,26 +149,35 @@ async def run_generate(
 
 
 async def _generate_alone(
-    call: GenerateCall, sample: Any, sampling_params: Mapping[str, Any]
+    call: GenerateCall,
+    sample: Any,
+    sampling_params: Mapping[str, Any],
+    attempts: reruns.Attempts | None = None,
 ) -> Any:
-    """One unbranched episode for one sample."""
+    """One unbranched episode for one sample, re-run while the infrastructure fails it
+    (reruns.py; `attempts`: those a branching group already spent on this member)."""
     params = copy.deepcopy(dict(sampling_params))
     spec = ReplaySpec.for_call(call.args, params, call.evaluation)
-    episode_id = new_episode_id(sample)
-    outcome = await _run_one_episode(call, sample, params, episode_id=episode_id, spec=spec)
-    decode = _decoder(call.settings, call.framework_name, call.state)
-    # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
-    return await asyncio.to_thread(
-        functools.partial(
-            convert.outcome_to_samples,
-            sample,
-            outcome,
-            per_turn=call.per_turn,
-            decode=decode,
-            spec=spec,
-            chains=call.chains,
+
+    def attempt(episode_id: str, avoid: list[str]) -> Any:
+        return _run_one_episode(
+            call, sample, params, episode_id=episode_id, spec=spec, avoid_node_ids=avoid
         )
+
+    outcome, attempts = await reruns.run_with_reruns(
+        attempt, new_episode_id(sample), call.settings.episode_attempts, call.aborted, attempts
     )
+    decode = _decoder(call.settings, call.framework_name, call.state)
+
+    def to_samples() -> Any:
+        out = convert.outcome_to_samples(
+            sample, outcome, per_turn=call.per_turn, decode=decode, spec=spec, chains=call.chains
+        )
+        attempts.annotate(out if isinstance(out, list) else [out])
+        return out
+
+    # Cloning samples and decoding long responses is CPU work: keep it off the event loop.
+    return await asyncio.to_thread(to_samples)
 
 
 async def _run_one_episode(
@@ -172,6 +188,7 @@ async def _run_one_episode(
     episode_id: str,
     spec: ReplaySpec,
     branch: tuple[int, int] | None = None,
+    avoid_node_ids: list[str] | None = None,
 ) -> EpisodeOutcome:
     """Builds the start message (a row that cannot be one is an INVALID_INSTANCE outcome), adds
     its image to the prefetcher, runs the episode (branching at `branch` = (at_turn, count)
@@ -198,6 +215,7 @@ async def _run_one_episode(
     else:
         if branch is not None:
             start.options.branch.at_turn, start.options.branch.count = branch
+        start.options.avoid_node_ids.extend(avoid_node_ids or [])
         found = prefetcher(settings)
         if found is not None:
             found.add(start.instance.image_name)
@@ -247,6 +265,8 @@ async def _generate_in_group(
         answer = await group.wait(member)
     if answer is branching.RUN_ALONE:
         return await _generate_alone(call, sample, sampling_params)
+    if isinstance(answer, reruns.RerunAlone):
+        return await _generate_alone(call, sample, answer.sampling_params, answer.attempts)
     return answer
 
 
@@ -320,22 +340,41 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
         branches=len(members),
         at_turn=at_turn,
     )
-    outcome = await _run_one_episode(
-        call,
-        leader.sample,
-        leader.sampling_params,
-        episode_id=episode_id,
-        spec=spec,
-        branch=(at_turn, len(members)),
+
+    def attempt(attempt_id: str, avoid: list[str]) -> Any:
+        params = reruns.group_params(leader.sampling_params, episode_id, attempt_id)
+        return _run_one_episode(
+            call,
+            leader.sample,
+            params,
+            episode_id=attempt_id,
+            spec=spec,
+            branch=(at_turn, len(members)),
+            avoid_node_ids=avoid,
+        )
+
+    # A trunk that failed (or a stream that broke) before the fork re-runs the group's episode.
+    max_attempts = call.settings.episode_attempts
+    outcome, attempts = await reruns.run_with_reruns(
+        attempt, episode_id, max_attempts, call.aborted, group=True
     )
+    episode_id = outcome.episode_id
     splits = branching.split_outcome(outcome, len(members))
     decode = _decoder(call.settings, call.framework_name, call.state)
     branched = any(r.HasField("branch") for r in outcome.results)
+    # A branch that failed after the fork: its member runs again on its own (same seed).
+    alone = (
+        {}
+        if call.aborted() or not branched
+        else reruns.member_reruns(
+            splits, [m.sampling_params for m in members], attempts, max_attempts
+        )
+    )
 
     def convert_all() -> list[Any]:
         lists: dict[int, list[Any]] = {}
         for i, (member, split) in enumerate(zip(members, splits, strict=True)):
-            if isinstance(split, branching.RunAlone):
+            if isinstance(split, branching.RunAlone) or i in alone:
                 continue
             out = convert.outcome_to_samples(
                 member.sample,
@@ -354,38 +393,15 @@ async def _run_branched(members: list[branching.Member], call: GenerateCall) -> 
                 i if branched else None,
                 seed_effective=seed_honoured(call.args),
             )
+            attempts.annotate(lists[i])
         if per_turn and branched:
-            order = sorted(lists)
-
-            def placeholder(j: int) -> Any:
-                i = order[j]
-                split = splits[i]
-                assert isinstance(split, EpisodeOutcome)
-                result = split.result
-                was_cancelled = split.cancelled_by == "abort" or (
-                    result is not None
-                    and result.status
-                    in (agent_pb2.EPISODE_STATUS_CANCELLED, agent_pb2.EPISODE_STATUS_ABORTED)
-                )
-                made = convert.placeholder(
-                    members[i].sample,
-                    split,
-                    "NO_BRANCH_TURNS",
-                    "the branch ended without a turn of its own",
-                    aborted=was_cancelled,
-                    spec=spec,
-                )
-                branching.annotate(
-                    [made], split, episode_id, at_turn, i, seed_effective=seed_honoured(call.args)
-                )
-                return made
-
-            shared = branching.share_trunk_once([lists[i] for i in order], at_turn, placeholder)
-            lists.update(zip(order, shared, strict=True))
-            for samples in shared:
-                convert.set_sibling_rollout_ids(samples)
+            # Every member keeps its own copy of the trunk's turns (one loss weight per
+            # member; branching.py's docstring).
+            branching.mark_trunk_turns(list(lists.values()), at_turn)
         return [
-            branching.RUN_ALONE
+            alone[i]
+            if i in alone
+            else branching.RUN_ALONE
             if i not in lists
             else (lists[i] if per_turn or len(lists[i]) > 1 else lists[i][0])
             for i in range(len(members))
@@ -578,7 +594,9 @@ def log_eval_rollout_data(
 
 def filter_infra_failures(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Dynamic-sampling filter: drops a prompt group holding an infra failure or an aborted
-    episode, whose reward says nothing about the policy (the group is resampled)."""
+    episode, whose reward says nothing about the policy (the group is resampled). An infra
+    failure here is one that outlasted its `episode_attempts` (generate re-runs it first,
+    reruns.py), so one failure no longer costs its group."""
     name = framework.find(plugin_settings(args).framework)
     flat = metrics.flatten(samples)
     if any((s.metadata or {}).get(convert.INFRA_ERROR) for s in flat):

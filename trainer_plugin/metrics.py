@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swerl.trainer_plugin import convert
+from swerl.trainer_plugin import convert, reruns
 
 # Per-episode metric → aggregates, named as in the seed (slime's swe-agent example).
 _SUMMED = ("turns", "tool_calls")  # agent/<k>_mean and agent/<k>_sum
@@ -193,4 +193,24 @@ def _outcome_metrics(samples: Sequence[Any]) -> dict[str, float]:
     if graded:
         resolved = sum(float(m[convert.OUTCOME_REWARD]) > 0 for m in graded)
         out["agent/resolved_ratio"] = resolved / len(graded)
+    out.update(_rerun_metrics(metas))
+    return out
+
+
+def _rerun_metrics(metas: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Infra re-runs (reruns.py), over the episodes that report their attempts: the mean
+    attempts, the extra episodes run, and the share of re-run episodes that then succeeded
+    (ended other than in an infra failure; only when some were re-run)."""
+    counted = [m for m in metas if isinstance(m.get(reruns.EPISODE_ATTEMPTS), int)]
+    if not counted:
+        return {}
+    attempts = [int(m[reruns.EPISODE_ATTEMPTS]) for m in counted]
+    out = {
+        "agent/episode_attempts_mean": sum(attempts) / len(attempts),
+        "agent/infra_reruns_sum": float(sum(a - 1 for a in attempts)),
+    }
+    rerun = [m for m in counted if int(m[reruns.EPISODE_ATTEMPTS]) > 1]
+    if rerun:
+        recovered = sum(not m.get(convert.INFRA_ERROR) for m in rerun)
+        out["agent/infra_recovered_ratio"] = recovered / len(rerun)
     return out

@@ -13,10 +13,8 @@ returns one sample per turn, and long episodes would outweigh short ones in the 
   grpo, gspo and cispo with `grpo_std_normalization`, as in slime; the std is the unbiased one,
   like torch's default);
 - samples marked `remove_sample` (placeholders) take no part in the statistics and get 0.0;
-- a branching group's shared trunk turns (dynamic history emits them once per group, marked
-  `metadata["branch_trunk"]`, see branching.py) belong to no one branch: they take no part in
-  the statistics and are normalised against them (their reward is the branches' mean, so
-  without PRM shaping their advantage is 0, as the n copies' advantages would sum to).
+- a branching group's trunk turns (`metadata["branch_trunk"]`, see branching.py) are each
+  member's own copy, with that branch's rewards: part of that member's episode like any turn.
 
 The normalisation applies to the estimators the framework in use normalises when
 `rewards_normalization` is on; otherwise raw rewards pass through, as in the framework. slime:
@@ -37,7 +35,6 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from swerl.trainer_plugin.convert import BRANCH_TRUNK
 from swerl.trainer_plugin.metrics import episode_key, flatten
 
 # Per framework: (estimators normalised at all, estimators also divided by the std).
@@ -73,22 +70,18 @@ def normalise(
     divide_by_std = estimator in std_divided and getattr(args, "grpo_std_normalization", True)
 
     groups: dict[Any, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
-    shared: dict[Any, list[int]] = defaultdict(list)
     for i, sample in enumerate(flat):
         if getattr(sample, "remove_sample", False):
             continue
         group_index = getattr(sample, "group_index", None)
-        if (getattr(sample, "metadata", None) or {}).get(BRANCH_TRUNK):
-            shared[group_index].append(i)
-            continue
         groups[group_index][episode_key(sample)].append(i)
 
     rewards = [0.0] * len(flat)
-    for group_index, group in groups.items():
+    for group in groups.values():
         episode_values = [sum(raw[i] for i in idx) / len(idx) for idx in group.values()]
         mean = sum(episode_values) / len(episode_values)
         std = _unbiased_std(episode_values, mean) if divide_by_std else 0.0
-        for i in [i for idx in group.values() for i in idx] + shared.pop(group_index, []):
+        for i in (i for idx in group.values() for i in idx):
             centred = raw[i] - mean
             rewards[i] = centred / (std + EPSILON) if divide_by_std else centred
     return raw, rewards

@@ -110,6 +110,14 @@ class PluginSettings(BaseSettings):
         description="Attempts to start an episode while agents are UNAVAILABLE before any "
         "message arrived (each on the next address).",
     )
+    episode_attempts: int = Field(
+        3,
+        ge=1,
+        description="Attempts an episode gets in one generate call while it ends in an infra "
+        "failure (INFRA_ERROR, or its stream broke): a failed attempt is run again, same "
+        "sampling params and seed, before any of its tokens reaches the trainer, so one infra "
+        "failure no longer costs its prompt group (reruns.py). 1 = no re-run.",
+    )
     unavailable_cooldown_s: float = Field(
         10.0,
         ge=0,

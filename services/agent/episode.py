@@ -352,6 +352,7 @@ class Episode:
             instance_id=spec.instance.instance_id,
             request_id=f"{spec.episode_id}-agent",
             workdir=spec.config.workdir,
+            avoid_node_ids=spec.avoid_node_ids,
         )
 
     async def _first_prompt(self) -> int:

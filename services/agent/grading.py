@@ -32,15 +32,33 @@ async def evaluate(
         instance_id=spec.instance.instance_id,
         request_id=f"{key}-eval",
         workdir=None,
+        avoid_node_ids=spec.avoid_node_ids,
     ) as grader:
         return await guarded(grader, grader.evaluate(spec.instance, patch, timeout_s))
 
 
+# Reasons an evaluation's report gives for a fault of its node (its sandbox or dockerd): the
+# episode ends INFRA_ERROR with the node's own reason, as it does when a command hits one.
+NODE_FAULTS = frozenset(
+    {
+        "DOCKER_UNAVAILABLE",
+        "SANDBOX_STOPPED",
+        "SANDBOX_NOT_RUNNING",
+        "SANDBOX_CONTAINER_REMOVED",
+        "SHELL_UNAVAILABLE",
+    }
+)
+
+
 def check_report(report: evaluate_pb2.EvaluationReport) -> None:
-    """An evaluation whose own infrastructure failed is no verdict: INFRA_ERROR."""
+    """An evaluation whose own infrastructure failed is no verdict: INFRA_ERROR, with the node's
+    reason for a node fault, EVALUATION_INFRA_ERROR for anything else (e.g. a dataset's test
+    patch that does not apply)."""
     if report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
+        reason = report.error_reason
         raise EpisodeInfraError(
-            "EVALUATION_INFRA_ERROR", f"{report.error_reason}: {report.error_message}"
+            reason if reason in NODE_FAULTS else "EVALUATION_INFRA_ERROR",
+            f"{report.error_reason}: {report.error_message}",
         )
 
 

@@ -287,6 +287,7 @@ class EpisodeRunner:
             skip_evaluation=opts.skip_evaluation,
             env=dict(opts.env),
             owner=opts.owner,
+            avoid_node_ids=tuple(opts.avoid_node_ids),
             prm=PrmSpec(
                 enabled=prm.enabled,
                 endpoint=prm_endpoint,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -86,7 +86,11 @@ class SandboxProvider(Protocol):
         instance_id: str,
         request_id: str,
         workdir: str | None,
-    ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]: ...
+        avoid_node_ids: Sequence[str] = (),
+    ) -> contextlib.AbstractAsyncContextManager[SandboxHandle]:
+        """A held sandbox of `image`; `avoid_node_ids`: nodes to place it elsewhere than while
+        another has room (EpisodeOptions.avoid_node_ids)."""
+        ...
 
     async def fork(
         self, source: SandboxHandle, count: int, *, owner: str, request_id: str
@@ -125,10 +129,15 @@ def lease_lost(sandbox: SandboxHandle) -> EpisodeInfraError:
     return EpisodeInfraError("LEASE_LOST", f"{reason}: {message}")
 
 
-def _infra(err: grpc.aio.AioRpcError, what: str) -> EpisodeInfraError:
+def _infra(
+    err: grpc.aio.AioRpcError, what: str, fallback: str = "SANDBOX_UNAVAILABLE"
+) -> EpisodeInfraError:
+    """INFRA_ERROR with the node's own reason (SANDBOX_STOPPED, DOCKER_UNAVAILABLE, ...), so the
+    episode's result names the fault; `fallback` only when the node gave none (it could not be
+    reached, or the call's deadline passed)."""
     reason, _ = error_info(err)
     return EpisodeInfraError(
-        "SANDBOX_UNAVAILABLE", f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
+        reason or fallback, f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
     )
 
 
@@ -212,10 +221,7 @@ class _PoolHandle:
                 if response.WhichOneof("kind") == "report":
                     report = response.report
         except grpc.aio.AioRpcError as err:
-            raise EpisodeInfraError(
-                "EVALUATION_UNAVAILABLE",
-                f"Evaluate failed: {err.code().name} {error_info(err)[0] or ''} {err.details()}",
-            ) from err
+            raise _infra(err, "Evaluate", "EVALUATION_UNAVAILABLE") from err
         if report is None:
             raise EpisodeInfraError("EVALUATION_UNAVAILABLE", "Evaluate ended without a report")
         return report
@@ -237,6 +243,7 @@ class PoolSandboxProvider:
         instance_id: str,
         request_id: str,
         workdir: str | None,
+        avoid_node_ids: Sequence[str] = (),
     ) -> AsyncIterator[SandboxHandle]:
         try:
             context = self._pool.lease(
@@ -246,6 +253,7 @@ class PoolSandboxProvider:
                 request_id=request_id,
                 wait_s=self._wait_s,
                 workdir=workdir,
+                prefer_not_node_ids=avoid_node_ids,
             )
             lease = await context.__aenter__()
         except grpc.aio.AioRpcError as err:

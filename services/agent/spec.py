@@ -37,6 +37,9 @@ class EpisodeSpec:
     skip_evaluation: bool = False
     env: dict[str, str] = field(default_factory=dict)
     owner: str = ""
+    # EpisodeOptions.avoid_node_ids: nodes the pool places this episode's sandboxes elsewhere
+    # than while another has room (a trainer's re-run of an episode the infrastructure failed).
+    avoid_node_ids: tuple[str, ...] = ()
     prm: PrmSpec = field(default_factory=PrmSpec)
     # EpisodeOptions.branch: the trunk runs `branch_at` turns, then `branch_count` branches go on.
     branch_at: int = 0

@@ -17,6 +17,25 @@ from swerl.exec.v1 import sandbox_pb2_grpc
 
 P = ParamSpec("P")
 
+# Options for a channel to an exec node that must hear of the node's fault in seconds: a node
+# stopped (SIGSTOP) or cut off answers nothing, and a command's stream is silent while it runs,
+# so only pings find out. One every 2 s, answered within 2 s, ends every call in flight on a
+# stopped node UNAVAILABLE within ~4 s, not at its 60/120 s deadline. The node accepts pings
+# this often (swerl.chassis.server.SERVER_OPTIONS). gRPC core (1.85) bounds the wait for a
+# ping's answer by `grpc.http2.ping_timeout_ms` (a minute by default), not by
+# `grpc.keepalive_timeout_ms` alone: both are set. A call made once the connection is gone
+# waits for a new one, whose attempt a stopped node (its kernel still accepts) never answers:
+# gRPC gives up on an attempt after `grpc.min_reconnect_backoff_ms` (20 s by default), so 2 s
+# here (and a restarted node is reached again within a second, not after minutes of backoff).
+NODE_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", 2_000),
+    ("grpc.keepalive_timeout_ms", 2_000),
+    ("grpc.http2.ping_timeout_ms", 2_000),
+    ("grpc.min_reconnect_backoff_ms", 2_000),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+)
+
 
 def start_message(
     sandbox_id: str,

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -294,6 +296,28 @@ class DockerBackend:
             error=str(state.get("Error") or ""),
         )
 
+    async def kill_signal(self, container_id: str, since: float) -> int | None:
+        """The last signal Docker itself sent the container since `since` (a wall-clock time):
+        `docker kill`, `docker stop` or `restart`, or a dockerd stopping its containers as it
+        stops or restarts. None when Docker sent none (whatever ended the container came from
+        inside it). Docker records each such kill as an event before it delivers the signal."""
+
+        def last_kill() -> int | None:
+            events = self._api.events(
+                since=f"{since:.6f}",
+                until=f"{time.time():.6f}",
+                filters={"container": container_id, "event": "kill"},
+                decode=True,
+            )
+            signal = None
+            for event in events:
+                attributes = (event.get("Actor") or {}).get("Attributes") or {}
+                with contextlib.suppress(TypeError, ValueError):
+                    signal = int(attributes.get("signal", ""))
+            return signal
+
+        return await self._call(last_kill)
+
     async def start(self, container_id: str) -> str:
         """`docker start` of a stopped container (its filesystem is as it was): "" when it
         started, else why Docker refused."""
@@ -322,6 +346,15 @@ class DockerBackend:
             if any(sign in str(exc) for sign in _NOT_RUNNING):
                 raise ContainerNotRunning(str(exc.explanation or exc)) from exc
             raise
+
+    async def exec_running(self, exec_id: str) -> bool:
+        """Whether a process started by `exec_detached` still runs (False once it has ended,
+        with its container or on its own)."""
+        try:
+            state = await self._call(self._api.exec_inspect, exec_id)
+        except docker.errors.NotFound:
+            return False  # its container was removed
+        return bool(state.get("Running"))
 
     async def exec_run(self, container_id: str, argv: list[str]) -> tuple[int, bytes]:
         """A one-off `docker exec` (about 60 ms); for rare control actions like signalling."""

@@ -66,6 +66,15 @@ class SandboxContainerRemoved(FailedPrecondition):
     reason = "SANDBOX_CONTAINER_REMOVED"
 
 
+class SandboxStopped(Unavailable):
+    """The sandbox's container was stopped by Docker (`docker stop`/`kill`/`restart`, or a
+    dockerd stopping or restarting) while a command ran: the command was lost with it, so its
+    call fails with this instead of an exit status. The next command starts the container
+    again."""
+
+    reason = "SANDBOX_STOPPED"
+
+
 class NotAGitRepository(FailedPrecondition):
     reason = "NOT_A_GIT_REPOSITORY"
 

@@ -319,7 +319,12 @@ def _shell_words(words: list[str]) -> str:
 
 # -- the evaluator -----------------------------------------------------------------------------
 class CommandFailed(Exception):
-    """A harness step's command could not run (the sandbox is gone, Docker failed)."""
+    """A harness step's command could not run (the sandbox is gone, Docker failed); `reason` is
+    the node's own for it (e.g. DOCKER_UNAVAILABLE), which the report carries."""
+
+    def __init__(self, message: str, reason: str = "SANDBOX_FAILED") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Evaluator:
@@ -450,7 +455,7 @@ class Evaluator:
                 ),
             )
         except SwerlError as exc:
-            raise CommandFailed(f"{exc.reason}: {exc.message}") from exc
+            raise CommandFailed(exc.message, exc.reason) from exc
         out = bytearray()
         finished = False
         try:
@@ -463,7 +468,7 @@ class Evaluator:
                     finished = True
                     return event, bytes(out)
         except SwerlError as exc:
-            raise CommandFailed(f"{exc.reason}: {exc.message}") from exc
+            raise CommandFailed(exc.message, exc.reason) from exc
         finally:
             if not finished:
                 run.abandon()
@@ -600,7 +605,7 @@ class Evaluator:
             _stop(
                 report,
                 "INFRA_ERROR",
-                "SANDBOX_FAILED",
+                exc.reason,
                 str(exc),
                 report.failed_phase or "RUN_TESTS",
             )

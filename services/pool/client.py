@@ -29,7 +29,7 @@ from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.chassis.client import make_channel
 from swerl.chassis.retry import async_retrying
 from swerl.chassis.timeconv import duration_pb
-from swerl.exec.client import ExecResult, SandboxClient
+from swerl.exec.client import NODE_CHANNEL_OPTIONS, ExecResult, SandboxClient
 from swerl.exec.v1 import evaluate_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2 as exec_pb
 from swerl.pool import placement
@@ -112,6 +112,7 @@ class Lease:
             token=pool.token,
             tls_ca_file=pool.tls_ca_file,
             metadata_provider=self._token_metadata,
+            extra_options=NODE_CHANNEL_OPTIONS,
         )
         self.sandbox = SandboxClient(self.channel)
         self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
@@ -421,6 +422,7 @@ class PoolClient:
         ttl_s: float | None = None,
         spec: pb.SandboxSpec | None = None,
         node_selector: Mapping[str, str] | None = None,
+        prefer_not_node_ids: Sequence[str] = (),
     ) -> pb.Lease:
         """AcquireLease, retried with the same request_id while the pool is unreachable."""
         request = pb.AcquireLeaseRequest(
@@ -432,6 +434,7 @@ class PoolClient:
             wait_timeout=duration_pb(wait_s),
             spec=spec,
             node_selector=dict(node_selector or {}),
+            prefer_not_node_ids=list(prefer_not_node_ids),
         )
         # Bounded by time, not attempts: a pool restart (seconds) must not fail an acquire that
         # may wait wait_s for capacity anyway; five quick attempts were over in ~3 s (the soak's
@@ -488,6 +491,7 @@ class PoolClient:
         spec: pb.SandboxSpec | None = None,
         node_selector: Mapping[str, str] | None = None,
         keepalive_interval_s: float | None = None,
+        prefer_not_node_ids: Sequence[str] = (),
     ) -> AsyncIterator[Lease]:
         """Acquires a lease, keeps it alive while the body runs, releases it on exit."""
         if spec is None and (workdir or env):
@@ -501,6 +505,7 @@ class PoolClient:
             ttl_s=ttl_s,
             spec=spec,
             node_selector=node_selector,
+            prefer_not_node_ids=prefer_not_node_ids,
         )
         ttl = ttl_s or max(1.0, _ts(message.expire_time) - time.time())
         handle = Lease(

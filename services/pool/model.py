@@ -130,6 +130,8 @@ class AcquireRequest:
     wait_s: float = 0.0
     spec: Spec = field(default_factory=Spec)
     node_selector: dict[str, str] = field(default_factory=dict)
+    # Nodes to avoid while another has room (AcquireLeaseRequest.prefer_not_node_ids).
+    prefer_not: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False, slots=True)
@@ -171,6 +173,8 @@ class Lease:
     # an unclaimed lease whose callers all went away is released after a grace period.
     claimed: bool = False
     avoid: set[str] = field(default_factory=set)
+    # Nodes the holder asked to avoid while another has room (placement.choose).
+    prefer_not: frozenset[str] = frozenset()
     watchers: set[Watcher] = field(default_factory=set)
     destroying: asyncio.Task[None] | None = None
 

@@ -16,7 +16,9 @@ Order of choice for a lease: a ready warm spare of its image and spec; else the 
 that has its image and room; else a node already pulling the image, with room (the lease joins
 that pull); else a home node with room, in rank order (pull there); else the least loaded node
 with room (pull there). Only HEALTHY nodes that match the lease's node selector and have not
-failed this lease are considered; with pulls off (`--no-pull`) only the first two count.
+failed this lease are considered; with pulls off (`--no-pull`) only the first two count. Nodes the
+holder asked to avoid (`prefer_not`) are left out of that whole order first, and used only when
+nothing else fits.
 """
 
 from __future__ import annotations
@@ -77,8 +79,12 @@ def homes_by_image(images: Iterable[str], node_ids: Sequence[str], k: int) -> di
     return {image: homes(image, node_ids, k) for image in images}
 
 
-def _usable(node: Node | None, lease: Lease, used: int | None = None) -> bool:
+def _usable(
+    node: Node | None, lease: Lease, used: int | None = None, skip: Collection[str] = ()
+) -> bool:
     if node is None or node.state is not HEALTHY or node.node_id in lease.avoid:
+        return False
+    if node.node_id in skip:
         return False
     if used is None:
         used = node.used
@@ -99,7 +105,24 @@ def choose(
     """Where `lease` goes, or None if nothing fits now. `may_create` is False when the global
     cap leaves no room for a new sandbox (a spare still serves: it already holds its room).
     `homes_of` gives an image's home node ids (None: the pool does not pull); `pulling_on` names
-    the nodes pulling the lease's image right now."""
+    the nodes pulling the lease's image right now. The lease's `prefer_not` nodes are chosen
+    only when no other node fits."""
+    if lease.prefer_not:
+        found = _choose(lease, nodes, index, may_create, homes_of, pulling_on, lease.prefer_not)
+        if found is not None:
+            return found
+    return _choose(lease, nodes, index, may_create, homes_of, pulling_on, ())
+
+
+def _choose(
+    lease: Lease,
+    nodes: Mapping[str, Node],
+    index: LoadIndex,
+    may_create: bool,
+    homes_of: Callable[[str], Sequence[str]] | None,
+    pulling_on: Collection[str],
+    skip: Collection[str],
+) -> Choice | None:
     selector = lease.node_selector
     for spare in index.spares.get((lease.image, lease.spec_key), {}).values():
         if not spare.ready or spare.destroying or spare.busy:
@@ -109,6 +132,7 @@ def choose(
             node is not None
             and node.state is HEALTHY
             and node.node_id not in lease.avoid
+            and node.node_id not in skip
             and (not selector or node.matches(selector))
         ):
             return Choice(node, spare)
@@ -116,7 +140,7 @@ def choose(
         return None
     least_loaded: Node | None = None
     for used, node in index.by_load():
-        if _usable(node, lease, used):
+        if _usable(node, lease, used, skip):
             if node.has_image(lease.image):
                 return Choice(node)
             least_loaded = least_loaded or node
@@ -125,11 +149,11 @@ def choose(
         return None
     for node_id in pulling_on:
         node = nodes.get(node_id)
-        if node is not None and _usable(node, lease):
+        if node is not None and _usable(node, lease, skip=skip):
             return Choice(node, pull=True)
     for node_id in homes_of(lease.image):
         node = nodes.get(node_id)
-        if node is not None and _usable(node, lease):
+        if node is not None and _usable(node, lease, skip=skip):
             return Choice(node, pull=True)
     return Choice(least_loaded, pull=True)
 

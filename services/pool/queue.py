@@ -106,6 +106,7 @@ class Queue:
             spec=request.spec,
             spec_key=request.spec.key(),
             node_selector=dict(request.node_selector),
+            prefer_not=request.prefer_not,
             create_time=started,
             ready=asyncio.get_running_loop().create_future(),
         )

@@ -176,6 +176,7 @@ class PoolServicer(pool_pb2_grpc.PoolServiceServicer):
                 wait_s=seconds_of(request.wait_timeout),
                 spec=spec_from_pb(request.spec),
                 node_selector=dict(request.node_selector),
+                prefer_not=frozenset(request.prefer_not_node_ids),
             )
         )
         return pb.AcquireLeaseResponse(lease=lease_to_pb(lease, with_token=True))

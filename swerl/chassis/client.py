@@ -31,7 +31,8 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Pings find a dead peer behind a silent stream (a long Exec, a health Watch) within ~40 s.
-    # Servers accept a ping per 20 s without data (see server.SERVER_OPTIONS); keep them in step.
+    # Servers accept a ping per second without data (see server.SERVER_OPTIONS); keep them in
+    # step.
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -60,7 +61,9 @@ def make_channel(
         cls(token, request_id_provider, metadata_provider)
         for cls in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
     ]
-    options = (*CHANNEL_OPTIONS, *extra_options)
+    # One value per option, `extra_options` winning: gRPC does not promise which of two wins.
+    extra_names = {name for name, _ in extra_options}
+    options = (*(o for o in CHANNEL_OPTIONS if o[0] not in extra_names), *extra_options)
     if tls_ca_file is None:
         return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(

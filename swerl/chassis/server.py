@@ -44,8 +44,10 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # The key is core's GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, whose string has
     # no "recv" in it: spelled after the macro, gRPC ignored it silently and a stream silent
     # for ~90 s (an episode waiting on its evaluation) died with GOAWAY too_many_pings.
+    # Exec node channels ping every 2 s (swerl.exec.client.NODE_CHANNEL_OPTIONS), so that a
+    # stopped node is noticed in seconds: pings a second apart are welcome.
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_ping_interval_without_data_ms", 20_000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
     # Our own pings find clients that vanished mid-stream, so their Exec gets cancelled.
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),

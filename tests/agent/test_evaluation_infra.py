@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
 from agent_testkit import bundled_tasks, result_of, start_for
 
 from swerl.agent.replay import ReplayPolicyServer, script_key
@@ -59,7 +60,7 @@ class _Provider:
         self.leases = 0
 
     @contextlib.asynccontextmanager
-    async def lease(self, image, *, owner, instance_id, request_id, workdir):
+    async def lease(self, image, *, owner, instance_id, request_id, workdir, avoid_node_ids=()):
         self.leases += 1
         yield _Sandbox(self.report)
 
@@ -90,13 +91,25 @@ async def _run(report: evaluate_pb2.EvaluationReport) -> tuple[pb.EpisodeResult,
     return result, provider.leases
 
 
-async def test_infra_error_evaluation_ends_infra_error_without_reward() -> None:
+@pytest.mark.parametrize(
+    ("report_reason", "episode_reason"),
+    [
+        # A fault of the node: the episode names it, as for a command that hit it.
+        ("DOCKER_UNAVAILABLE", "DOCKER_UNAVAILABLE"),
+        ("SANDBOX_STOPPED", "SANDBOX_STOPPED"),
+        # Anything else that made the evaluation no verdict.
+        ("TEST_PATCH_FAILED", "EVALUATION_INFRA_ERROR"),
+    ],
+)
+async def test_infra_error_evaluation_ends_infra_error_without_reward(
+    report_reason, episode_reason
+) -> None:
     report = evaluate_pb2.EvaluationReport(
-        status=evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR, error_reason="DOCKER_UNAVAILABLE"
+        status=evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR, error_reason=report_reason
     )
     result, leases = await _run(report)
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
-    assert result.error_reason == "EVALUATION_INFRA_ERROR" and not result.HasField("reward")
+    assert result.error_reason == episode_reason and not result.HasField("reward")
     assert not result.trajectory.HasField("reward")
     assert leases == 2  # the agent's sandbox, then a fresh one for grading
 

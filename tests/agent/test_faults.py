@@ -126,6 +126,40 @@ async def test_killed_exec_node_ends_the_episode_infra_error_within_three_second
     assert sandboxes_left() == []
 
 
+async def test_a_node_fault_ends_the_episode_infra_error_at_once_with_the_nodes_own_reason():
+    task = bundled_tasks()[0]
+    replay = ReplayPolicyServer(_scripts(task, "ls", "sleep 60"))
+    url = await replay.start()
+    try:
+        async with agent_stack() as env:
+            call = await _open(env.stub, start_for(task, url, "node-fault"))
+            started = (await _until(call, "started"))[-1].started
+            await _until(call, "turn")  # the second command (sleep 60) is running now
+            await asyncio.sleep(0.5)
+            # Docker stops the sandbox's container under the command (as `docker kill` does,
+            # or a dockerd restarting): the node says so, and the episode ends with its words.
+            stopped = time.monotonic()
+            await asyncio.to_thread(
+                subprocess.run,
+                ["docker", "kill", f"swerl-{started.sandbox_id}"],
+                check=True,
+                capture_output=True,
+            )
+            result = result_of(await _rest(call))
+            elapsed = time.monotonic() - stopped
+            assert result.status == pb.EPISODE_STATUS_INFRA_ERROR, result
+            assert result.error_reason == "SANDBOX_STOPPED", result
+            assert "Docker stopped the sandbox's container (signal 9" in result.error_message
+            assert not result.HasField("reward")
+            assert elapsed < 5.0, elapsed
+            await _no_leases(env)
+            # This stack's node only: other runs on the shared dockerd use the same prefix.
+            node_id = str(env.stack.nodes[0].settings.node_id)
+    finally:
+        await replay.stop()
+    assert sandboxes_left(node_id) == []
+
+
 async def test_revoked_lease_ends_the_episode_infra_error_lease_lost():
     task = bundled_tasks()[0]
     replay = ReplayPolicyServer(_scripts(task, "ls", "sleep 60"))

@@ -71,7 +71,7 @@ class _Provider:
         self.sandbox = _Sandbox(answers)
 
     @contextlib.asynccontextmanager
-    async def lease(self, image, *, owner, instance_id, request_id, workdir):
+    async def lease(self, image, *, owner, instance_id, request_id, workdir, avoid_node_ids=()):
         yield self.sandbox
 
 

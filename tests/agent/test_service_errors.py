@@ -28,7 +28,7 @@ class WaitingProvider:
         self.exited = 0
 
     @contextlib.asynccontextmanager
-    async def lease(self, image, *, owner, instance_id, request_id, workdir):
+    async def lease(self, image, *, owner, instance_id, request_id, workdir, avoid_node_ids=()):
         self.entered.set()
         try:
             await asyncio.Event().wait()

@@ -12,6 +12,7 @@ import asyncio
 import grpc
 
 from swerl.chassis.server import SERVER_OPTIONS
+from swerl.exec.client import NODE_CHANNEL_OPTIONS
 
 _ALLOWANCE_KEYS = [key for key, _ in SERVER_OPTIONS if "ping_interval_without_data" in key]
 
@@ -22,7 +23,17 @@ async def _silent_stream(request: bytes, context: grpc.aio.ServicerContext):
     yield b"second"
 
 
-async def _stream_survives(server_options: list[tuple[str, int]]) -> bool:
+# A client pinging every second, idle or not: far more often than the default allowance.
+_EVERY_SECOND = (
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+)
+
+
+async def _stream_survives(
+    server_options: list[tuple[str, int]],
+    client_options: tuple[tuple[str, int], ...] = _EVERY_SECOND,
+) -> bool:
     server = grpc.aio.server(options=server_options)
     handler = grpc.unary_stream_rpc_method_handler(
         _silent_stream, request_deserializer=bytes, response_serializer=bytes
@@ -32,12 +43,10 @@ async def _stream_survives(server_options: list[tuple[str, int]]) -> bool:
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    # A client pinging every second, idle or not: far more often than the default allowance.
     channel = grpc.aio.insecure_channel(
         f"127.0.0.1:{port}",
         options=[
-            ("grpc.keepalive_time_ms", 1000),
-            ("grpc.keepalive_timeout_ms", 1000),
+            *client_options,
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.max_pings_without_data", 0),
         ],
@@ -67,3 +76,9 @@ async def test_without_the_allowance_the_same_stream_is_closed_for_too_many_ping
     # The control: proves the client above pings often enough for the allowance to matter.
     options = [(k, v) for k, v in SERVER_OPTIONS if k not in _ALLOWANCE_KEYS]
     assert not await _stream_survives(options)
+
+
+async def test_the_servers_own_allowance_keeps_an_exec_node_channels_silent_stream_open() -> None:
+    # The agent's lease channels ping a node every 2 s (to hear of a stopped node in seconds):
+    # the servers' own options must take that, or every long silent Exec would be cut.
+    assert await _stream_survives(list(SERVER_OPTIONS), NODE_CHANNEL_OPTIONS)

@@ -6,15 +6,24 @@ A plain module (not conftest) so tests import its helpers by name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
 from typing import Any
 
 import docker
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from swerl.chassis.client import error_info
-from swerl.exec.client import ExecResult
+from swerl.chassis.client import error_info, make_channel
+from swerl.exec.client import ExecResult, SandboxClient
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
@@ -148,3 +157,70 @@ async def container_host_config(sandbox_id: str) -> dict[str, Any]:
 def surviving(ps_output: bytes, needle: bytes) -> list[bytes]:
     """Lines of `ps -eo pid,pgid,cmd` output whose command contains `needle`."""
     return [line for line in ps_output.splitlines() if needle in line]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class NodeProcess:
+    """`swerl exec serve` on a port of its own, with this node id and state dir."""
+
+    def __init__(
+        self,
+        node_id: str,
+        state_dir: Path,
+        log_path: Path,
+        token: str,
+        extra_options: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        self.port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "swerl.cli",
+            "exec",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--node-id",
+            node_id,
+            "--state-dir",
+            str(state_dir),
+            "--log-level",
+            "info",
+        ]
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": token},
+                start_new_session=True,
+            )
+        self.channel = make_channel(
+            f"127.0.0.1:{self.port}", token=token, extra_options=extra_options
+        )
+        self.client = SandboxClient(self.channel)
+
+    async def serving(self, within_s: float = 60.0) -> None:
+        health = health_pb2_grpc.HealthStub(self.channel)
+        deadline = time.monotonic() + within_s
+        while True:
+            assert self.process.poll() is None, "the node exited"
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                check = await health.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+                if check.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            assert time.monotonic() < deadline, "the node did not start serving"
+            await asyncio.sleep(0.1)
+
+    async def kill(self) -> None:
+        await self.channel.close(grace=None)
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(self.process.wait)

@@ -6,87 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import docker
-import grpc
 import pytest
-from exec_testkit import RPC_TIMEOUT_S
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from exec_testkit import RPC_TIMEOUT_S, NodeProcess
 
-from swerl.chassis.client import make_channel
-from swerl.exec.client import SandboxClient
 from swerl.exec.v1 import sandbox_pb2 as pb
 
 TOKEN = "orphan-test-token"
 # The orphan: a process in the command's process group, its pid left in a file to look for.
 ORPHAN = "sleep 1234 & echo $! > /tmp/orphan.pid; wait"
 ALIVE = "kill -0 $(cat /tmp/orphan.pid)"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class _NodeProcess:
-    """`swerl exec serve` on a port of its own, with this node id and state dir."""
-
-    def __init__(self, node_id: str, state_dir: Path, log_path: Path) -> None:
-        self.port = _free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "swerl.cli",
-            "exec",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--node-id",
-            node_id,
-            "--state-dir",
-            str(state_dir),
-            "--log-level",
-            "info",
-        ]
-        with log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "SWERL_EXEC_AUTH_TOKEN": TOKEN},
-                start_new_session=True,
-            )
-        self.channel = make_channel(f"127.0.0.1:{self.port}", token=TOKEN)
-        self.client = SandboxClient(self.channel)
-
-    async def serving(self, within_s: float = 60.0) -> None:
-        health = health_pb2_grpc.HealthStub(self.channel)
-        deadline = time.monotonic() + within_s
-        while True:
-            assert self.process.poll() is None, "the node exited"
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                check = await health.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
-                if check.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            assert time.monotonic() < deadline, "the node did not start serving"
-            await asyncio.sleep(0.1)
-
-    async def kill(self) -> None:
-        await self.channel.close(grace=None)
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(self.process.wait)
 
 
 def _in_container(sandbox_id: str, script: str) -> int:
@@ -116,9 +48,9 @@ async def test_a_command_whose_node_was_killed_is_ended_when_the_restarted_node_
     node_id = "test-orphan-" + uuid.uuid4().hex[:8]
     state_dir = tmp_path / "state"
     log_path = tmp_path / "node.log"
-    nodes: list[_NodeProcess] = []
+    nodes: list[NodeProcess] = []
     try:
-        first = _NodeProcess(node_id, state_dir, log_path)
+        first = NodeProcess(node_id, state_dir, log_path, TOKEN)
         nodes.append(first)
         await first.serving()
         request = pb.CreateSandboxRequest(image=base_image, workdir="/tmp", ttl={"seconds": 600})
@@ -140,7 +72,7 @@ async def test_a_command_whose_node_was_killed_is_ended_when_the_restarted_node_
         await asyncio.sleep(1.0)
         assert await asyncio.to_thread(_in_container, sandbox_id, ALIVE) == 0
 
-        second = _NodeProcess(node_id, state_dir, log_path)
+        second = NodeProcess(node_id, state_dir, log_path, TOKEN)
         nodes.append(second)
         await second.serving()
         deadline = time.monotonic() + 10

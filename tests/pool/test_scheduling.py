@@ -459,3 +459,21 @@ async def test_simulated_node_reports_the_renewed_expiry(sim):
     [facts] = await node.list_sandboxes()
     assert facts.expire_time == expire_time > time.time() + 99
     assert facts.lease_id == lease.lease_id
+
+
+async def test_a_lease_avoids_the_nodes_its_holder_prefers_not_while_another_has_room(sim):
+    await sim.add("a")
+    await sim.add("b")
+    # Without the preference the least loaded node would take every other lease.
+    placed = [(await sim.acquire(prefer_not=frozenset({"a"}))).node_id for _ in range(3)]
+    assert placed == ["b", "b", "b"]
+    assert (await sim.acquire()).node_id == "a"  # the least loaded, asked plainly
+    assert (await sim.acquire(prefer_not=frozenset({"b", "x"}))).node_id == "a"
+
+
+async def test_a_lease_takes_a_node_it_prefers_not_when_no_other_has_room(sim):
+    await sim.add("full", capacity=1)
+    await sim.add("only", capacity=2)
+    await sim.acquire(prefer_not=frozenset({"only"}))  # takes "full"'s one slot
+    lease = await sim.acquire(prefer_not=frozenset({"only"}))
+    assert lease.node_id == "only"

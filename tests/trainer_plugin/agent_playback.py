@@ -22,6 +22,8 @@ from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
 
 S = agent_pb2.EpisodeStatus
+# The exec node every playback episode reports (EpisodeStarted.node_id).
+PLAYBACK_NODE = "node-1"
 PROMPT = [151644, 8948, 198, 2610, 525, 264, 10950, 151645, 198, 151644, 872, 198]
 
 
@@ -268,7 +270,9 @@ class PlaybackAgent(agent_pb2_grpc.AgentServiceServicer):
         self.max_active = max(self.max_active, self.active)
         try:
             yield agent_pb2.RunEpisodeResponse(
-                started=agent_pb2.EpisodeStarted(lease_id="lease-1", sandbox_id="sbx-1")
+                started=agent_pb2.EpisodeStarted(
+                    lease_id="lease-1", sandbox_id="sbx-1", node_id=PLAYBACK_NODE
+                )
             )
             for i in range(scenario.turns_before):
                 await asyncio.sleep(scenario.gap_s)

@@ -407,6 +407,7 @@ def train_data(args: Any, groups: list[Any]) -> dict[str, Any]:
     }
     # miles fills a missing rollout_id from the sample's index (train_data_conversion.py:82).
     rollout_ids = [s.rollout_id if s.rollout_id is not None else s.index for s in samples]
+    data["rollout_ids"] = rollout_ids
     data["rollout_mask_sums"] = standin_common.rollout_mask_sums(rollout_ids, data["loss_masks"])
     for s in samples:
         assert len(s.loss_mask) == s.response_length

@@ -238,26 +238,54 @@ async def test_abort_flag_mid_episode_returns_every_call_within_two_seconds(fw, 
         assert not fw.call_dynamic_filter(filter_infra_failures, env.args, results).keep
 
 
-async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(fw, base_image):
-    async with real_services(nodes=2, latency_s=0.5, max_sandboxes=4) as env:
-        batch = rollout_batch(fw, env.tasks)
-        calls = [
-            [asyncio.ensure_future(fw.generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
-            for group in batch
-        ]
-        # Mid-rollout: the episodes hold sandboxes on both nodes and are talking to the policy.
-        await eventually(lambda: env.replay.stats.requests >= 8, 120.0)
-        await sandboxes_running(env.node_ids[:1], 2)
-        killed = env.stack.nodes[0]
-        try:
-            await killed.stop(0)
-            groups = [list(await asyncio.wait_for(asyncio.gather(*g), 120.0)) for g in calls]
-            await no_sandbox_left(env.node_ids[1:])
-        finally:
-            # A stopped node leaves its sandboxes for adoption at its restart, which never
-            # comes here: remove them as the node's reaper would.
-            await asyncio.to_thread(remove_sandboxes, env.node_ids[:1])
+async def kill_a_node_mid_rollout(fw, env, wait_s: float) -> list[list]:
+    """Runs a rollout batch and stops the first exec node while episodes hold sandboxes on it;
+    returns the groups' generate results (each group within `wait_s` of the kill)."""
+    batch = rollout_batch(fw, env.tasks)
+    calls = [
+        [asyncio.ensure_future(fw.generate(env.args, s, dict(SAMPLING_PARAMS))) for s in group]
+        for group in batch
+    ]
+    # Mid-rollout: the episodes hold sandboxes on both nodes and are talking to the policy.
+    await eventually(lambda: env.replay.stats.requests >= 8, 120.0)
+    await sandboxes_running(env.node_ids[:1], 2)
+    killed = env.stack.nodes[0]
+    try:
+        await killed.stop(0)
+        groups = [list(await asyncio.wait_for(asyncio.gather(*g), wait_s)) for g in calls]
+        await no_sandbox_left(env.node_ids[1:])
+    finally:
+        # A stopped node leaves its sandboxes for adoption at its restart, which never
+        # comes here: remove them as the node's reaper would.
+        await asyncio.to_thread(remove_sandboxes, env.node_ids[:1])
+    return groups
 
+
+async def test_episodes_on_a_killed_exec_node_are_rerun_and_every_group_is_kept(fw, base_image):
+    async with real_services(nodes=2, latency_s=0.5, max_sandboxes=4) as env:
+        # The re-runs wait for room on the surviving node: a longer bound than without them.
+        groups = await kill_a_node_mid_rollout(fw, env, 300.0)
+    rerun = 0
+    for group in groups:
+        samples = [fw.check_call_result(out, per_turn=False)[0] for out in group]
+        for s in samples:
+            assert not s.remove_sample and s.status is fw.Sample.Status.COMPLETED
+            assert s.reward == 1.0
+            attempts = s.metadata["episode_attempts"]
+            assert attempts == len(s.metadata["rerun_reasons"]) + 1
+            rerun += attempts > 1
+        assert fw.call_dynamic_filter(filter_infra_failures, env.args, samples).keep
+    assert rerun >= 2, "the episodes on the killed node ran again"
+    extra: dict = {}
+    log_rollout_data(0, env.args, flatten(groups), extra, 1.0)
+    assert extra["agent/infra_error_ratio"] == 0.0
+    assert extra["agent/infra_reruns_sum"] >= rerun and extra["agent/infra_recovered_ratio"] == 1.0
+
+
+async def test_exec_node_killed_mid_rollout_gives_placeholders_the_filter_drops(fw, base_image):
+    # Without re-runs (episode_attempts=1) the failures reach the filter.
+    async with real_services(nodes=2, latency_s=0.5, max_sandboxes=4, episode_attempts=1) as env:
+        groups = await kill_a_node_mid_rollout(fw, env, 120.0)
     placeholders, kept = 0, 0
     for group in groups:
         samples = [fw.check_call_result(out, per_turn=False)[0] for out in group]
@@ -355,10 +383,12 @@ async def test_branching_groups_share_their_trunk_through_the_real_services(
                 assert sample.status is fw.Sample.Status.COMPLETED
                 assert sample.reward == 1.0 and not sample.remove_sample
         if per_turn:
-            # The trunk's 2 turns once, on the first member; each member's own 2 turns.
-            assert [len(samples) for samples in lists] == [4, 2, 2, 2]
+            # Every member: its own copy of the trunk's 2 turns, then its own 2 turns.
+            assert [len(samples) for samples in lists] == [4, 4, 4, 4]
             trunk_context = lists[0][1].tokens
             for samples in lists:
+                assert [s.metadata["branch_trunk"] for s in samples] == [True, True, False, False]
+                assert samples[1].tokens == trunk_context
                 assert samples[-2].tokens[: len(trunk_context)] == trunk_context
         else:
             whole = [samples[0] for samples in lists]

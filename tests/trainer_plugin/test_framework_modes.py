@@ -174,7 +174,7 @@ async def test_eval_leaves_infra_failures_out_of_the_mean_and_counts_them(fw, sa
         return Scenario(result=result(start, reward=rewards[index]))
 
     async with agent(answer) as server:
-        args = make_args([server.address])
+        args = make_args([server.address], episode_attempts=1)  # no re-run: it still fails
         samples = await asyncio.gather(
             *(
                 fw.generate(args, make_sample(index=i), sampling_params, evaluation=True)

@@ -119,7 +119,7 @@ async def test_a_prompt_group_is_one_trunk_and_n_branches_with_a_shared_identica
     assert data["rewards"] == pytest.approx(grpo(REWARDS))
 
 
-async def test_dynamic_history_emits_the_shared_trunk_turns_once_per_group(fw):
+async def test_dynamic_history_gives_every_member_its_own_copy_of_the_trunk_turns(fw):
     async with agent(branched()) as server:
         args = make_args([server.address], branch_at_turn=AT_TURN, dynamic_history=True)
         args.n_samples_per_prompt = N
@@ -129,29 +129,62 @@ async def test_dynamic_history_emits_the_shared_trunk_turns_once_per_group(fw):
 
     lists = [fw.check_call_result(out, per_turn=True) for out in outs]
     turn_indices = [[s.metadata["turn_index"] for s in samples] for samples in lists]
-    # The first member carries the trunk's 2 turns and its own 2; the others their own 2.
-    assert turn_indices == [[0, 1, 2, 3], [2, 3], [2, 3], [2, 3]]
-    trunk = lists[0][:AT_TURN]
-    assert all(s.metadata["branch_trunk"] for s in trunk)
-    assert not any(s.metadata["branch_trunk"] for samples in lists for s in samples[-2:])
-    # The trunk's samples: the mean of the branches' rewards, on the first member's rollout_id.
-    assert [s.reward for s in trunk] == [pytest.approx(sum(REWARDS) / N)] * AT_TURN
-    assert {s.rollout_id for s in lists[0]} == {lists[0][0].index}
-    # Each branch's own turns continue the trunk's exact context.
-    trunk_context = trunk[-1].tokens
-    for samples in lists:
-        assert samples[-2].tokens[: len(trunk_context)] == trunk_context
+    # Every member: the trunk's 2 turns, then its own 2.
+    assert turn_indices == [[0, 1, 2, 3]] * N
+    for i, samples in enumerate(lists):
+        assert [s.metadata["branch_trunk"] for s in samples] == [True, True, False, False]
+        # Its own branch's reward on every turn, trunk copies included, on its own rollout_id.
+        assert [s.reward for s in samples] == [REWARDS[i]] * 4
+        assert {s.rollout_id for s in samples} == {samples[0].index}
+        # The trunk copies are identical in every member; its own turns continue them exactly.
+        for mine, first in zip(samples[:AT_TURN], lists[0][:AT_TURN], strict=True):
+            assert mine.tokens == first.tokens and mine.loss_mask == first.loss_mask
+            assert mine.rollout_log_probs == first.rollout_log_probs
+        assert samples[AT_TURN].tokens[: len(samples[AT_TURN - 1].tokens)] == (
+            samples[AT_TURN - 1].tokens
+        )
     assert fw.call_dynamic_filter(filter_infra_failures, args, outs).keep
     flat = flatten(outs)
     _, advantages = post_process_rewards(args, flat)
-    # Branch turns: normalised over the group's n episodes; the trunk's: advantage 0.
+    # Every turn of member i (trunk copies too): member i's advantage over the group's episodes.
     expected = grpo(REWARDS)
     by_sample = dict(zip((id(s) for s in flat), advantages, strict=True))
     for i, samples in enumerate(lists):
         for sample in samples:
-            want = 0.0 if sample.metadata["branch_trunk"] else expected[i]
-            assert by_sample[id(sample)] == pytest.approx(want, abs=1e-6)
+            assert by_sample[id(sample)] == pytest.approx(expected[i], abs=1e-6)
     fw.train_data(args, outs)
+
+
+def member_loss_weights(data, trunk_flags):
+    """Per rollout_id: the loss weight the frameworks' reducer gives the rollout's trunk tokens
+    and its own tokens (each token weighs mask / rollout_mask_sums, slime ray/rollout.py:685-700
+    with backends/megatron_utils/cp_utils.py:73-80; miles train_data_conversion.py:162-169)."""
+    weights = {}
+    for rid, mask, denominator, trunk in zip(
+        data["rollout_ids"], data["loss_masks"], data["rollout_mask_sums"], trunk_flags, strict=True
+    ):
+        entry = weights.setdefault(rid, {"trunk": 0.0, "own": 0.0})
+        entry["trunk" if trunk else "own"] += sum(mask) / max(denominator, 1)
+    return weights
+
+
+async def test_every_member_of_a_branching_group_weighs_the_same_in_the_loss(fw):
+    """The framework's per-rollout_id token mean gives every member of a branching group one
+    weight, its trunk share and its own share alike in every member (a trunk carried by one
+    member only put that member's own turns at a lower weight than the others')."""
+    async with agent(branched()) as server:
+        args = make_args([server.address], branch_at_turn=AT_TURN, dynamic_history=True)
+        args.n_samples_per_prompt = N
+        outs = await generate_group(fw, args, group(fw))
+    flat = flatten(outs)
+    data = fw.train_data(args, outs)
+    weights = member_loss_weights(data, [s.metadata["branch_trunk"] for s in flat])
+    assert len(weights) == N
+    for entry in weights.values():
+        assert entry["trunk"] + entry["own"] == pytest.approx(1.0)
+        assert entry == pytest.approx(next(iter(weights.values())))
+    # Equal-length branches: the trunk's 2 turns and the member's own 2 weigh 1/2 each.
+    assert {round(e["own"], 6) for e in weights.values()} == {0.5}
 
 
 async def test_a_trunk_that_fails_makes_every_member_an_infra_placeholder(fw):
@@ -162,7 +195,7 @@ async def test_a_trunk_that_fails_makes_every_member_an_infra_placeholder(fw):
         return Scenario(result=failed)
 
     async with agent(answer) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
         assert len(server.agent.starts) == 1
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
@@ -176,7 +209,7 @@ async def test_a_failed_branch_makes_that_member_alone_a_placeholder(fw):
     statuses = [S.EPISODE_STATUS_SUBMITTED] * N
     statuses[2] = S.EPISODE_STATUS_INFRA_ERROR
     async with agent(branched(statuses=statuses)) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
     assert [s.remove_sample for s in got] == [False, False, True, False]
@@ -338,7 +371,7 @@ async def test_a_stream_ending_before_every_branch_reported_makes_the_missing_on
         return Scenario(results=[branch_result(start, 1), branch_result(start, 3, reward=-1.0)])
 
     async with agent(answer) as server:
-        args = make_args([server.address], branch_at_turn=AT_TURN)
+        args = make_args([server.address], branch_at_turn=AT_TURN, episode_attempts=1)
         outs = await generate_group(fw, args, group(fw))
     got = [fw.check_call_result(out, per_turn=False)[0] for out in outs]
     assert [s.remove_sample for s in got] == [True, False, True, False]

@@ -174,8 +174,10 @@ async def test_top_p_below_one_against_an_engine_without_top_p_sets_stops_at_the
         params = dict(fw.state(args).sampling_params)
         if fw.NAME == "miles":  # miles has no top-p replay: the agent is never asked for sets
             out = await fw.generate(args, make_sample(), params)
-            (start,) = agent.starts
-            assert not asks_top_p(start)
+            # The agent-side INFRA_ERROR is then an ordinary infra failure, re-run (reruns.py)
+            # up to the default 3 attempts.
+            assert len(agent.starts) == (3 if agent_side else 1)
+            assert not any(asks_top_p(start) for start in agent.starts)
             if not agent_side:
                 (sample,) = fw.check_call_result(out, per_turn=False)
                 assert not sample.remove_sample

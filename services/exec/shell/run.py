@@ -67,6 +67,8 @@ class RunShell(Protocol):
 
     async def ensure_supervisor(self) -> Supervisor: ...
 
+    async def stopped_by_docker(self, since: float) -> Exception | None: ...
+
     def take_restarted(self) -> bool: ...
 
     def current_pgid(self, nonce: str) -> int: ...
@@ -130,6 +132,7 @@ class CommandRun:
         self._exit_code: int | None = None
         self._cap = OutputCap(max(spec.max_output_bytes, 2))
         self._started_at = 0.0
+        self._started_wall = 0.0
         self._finished_waiters: list[asyncio.Future[None]] = []
         self._stdin_fifo = shell.io_dir / f"stdin.{self.nonce}" if spec.open_stdin else None
         self._stdin_fd: int | None = None
@@ -319,11 +322,31 @@ class CommandRun:
             return
         pgid = self._shell.current_pgid(self.nonce)
         # The watchdog leaves the pgid it killed at the deadline in the timeout file.
-        self._end_now(timed_out=bool(pgid) and self._shell.timed_out_pgid() == pgid)
+        timed_out = bool(pgid) and self._shell.timed_out_pgid() == pgid
+        if timed_out or self._backstop_fired:
+            # Past its deadline: it timed out, whatever else happened; nothing to ask Docker.
+            self._end_now(timed_out=True)
+        else:
+            self._shell.spawn(self._end_after_asking(timed_out))
 
-    def _end_now(self, *, timed_out: bool) -> None:
-        """Ends the run at once with 137 (killed), without waiting for anything in the
-        container; the turn stays held until the shell is put right (SandboxShell.reset)."""
+    async def _end_after_asking(self, timed_out: bool) -> None:
+        """Ends the run whose supervisor died: with 137 when the command (or anything inside the
+        container) did it, with the node's reason when Docker stopped the container or dockerd
+        went away (a dockerd stopping or restarting stops every container): then the command
+        did not end, it was lost with its container, and its caller is told so, not handed an
+        exit code."""
+        cause = await self._shell.stopped_by_docker(self._started_wall)
+        if self._state != _RUNNING or self._exit_code is not None:
+            return  # the backstop ended it meanwhile
+        if cause is None:
+            self._end_now(timed_out=timed_out)
+        else:
+            self._end_now(timed_out=False, failure=cause)
+
+    def _end_now(self, *, timed_out: bool, failure: Exception | None = None) -> None:
+        """Ends the run at once with 137 (killed), or with `failure` as its last event, without
+        waiting for anything in the container; the turn stays held until the shell is put
+        right (SandboxShell.reset)."""
         sup = self._sup
         pgid = self._shell.current_pgid(self.nonce)
         if sup is not None:
@@ -331,7 +354,11 @@ class CommandRun:
             sup.close()
         self._exit_code = 137
         self._timed_out = self._timed_out or timed_out
-        self._finish(137, keep_turn=True)
+        if failure is None:
+            self._finish(137, keep_turn=True)
+        elif self._state == _RUNNING:
+            self._put(failure)
+            self._release(keep_turn=True)
         self._shell.spawn(self._shell.reset(sup, pgid, self))
 
     def _finish(self, exit_code: int, *, keep_turn: bool = False) -> None:
@@ -419,6 +446,7 @@ class CommandRun:
             return
         self._state = _RUNNING
         self._started_at = time.monotonic()
+        self._started_wall = time.time()
         loop = asyncio.get_running_loop()
         self._backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop_fire)
         if self._stdin_fifo is not None:

@@ -19,9 +19,11 @@ import structlog
 
 from swerl.exec.docker_backend import ContainerNotRunning, ContainerState, DockerBackend
 from swerl.exec.errors import (
+    DockerUnavailable,
     InvalidCommand,
     SandboxContainerRemoved,
     SandboxNotRunning,
+    SandboxStopped,
     ShellUnavailable,
 )
 from swerl.exec.outcome import Exit
@@ -41,6 +43,9 @@ RESTART_WINDOW_S = 60.0
 # to ask.
 STOP_SETTLE_S = 10.0
 STOP_POLL_S = 0.02
+# When a supervisor dies under a command, how long dockerd gets to say whether it stopped the
+# container itself (a dockerd that does not answer in time has gone away).
+GONE_ASK_S = 2.0
 
 
 class SandboxShell:
@@ -87,6 +92,34 @@ class SandboxShell:
             sup = await self._start_container_again(state)
         self.supervisor = sup
         return sup
+
+    async def stopped_by_docker(self, since: float) -> DockerUnavailable | SandboxStopped | None:
+        """Why a supervisor died under a command that started at `since` (wall clock), when the
+        command did not do it: Docker stopped the container (a kill it recorded, e.g. a dockerd
+        stopping or restarting stops every container), or dockerd no longer answers. None when
+        the command (or something inside the container) ended it: its exit status says so."""
+        try:
+            signal = await asyncio.wait_for(
+                self._backend.kill_signal(self.container_id, since), GONE_ASK_S
+            )
+        except (DockerUnavailable, asyncio.TimeoutError) as exc:
+            why = exc.message if isinstance(exc, DockerUnavailable) else "no answer"
+            return DockerUnavailable(
+                f"dockerd went away while the command ran ({why}); the command was lost with"
+                " the sandbox's container",
+                container_id=self.container_id[:12],
+            )
+        except Exception:  # an answer Docker could not give: nothing known against the command
+            return None
+        if signal is None:
+            return None
+        return SandboxStopped(
+            f"Docker stopped the sandbox's container (signal {signal}: `docker stop`, `kill` or"
+            " `restart`, or dockerd stopping or restarting) while the command ran; the command"
+            " was lost with it, and the next command starts the container again",
+            container_id=self.container_id[:12],
+            signal=signal,
+        )
 
     async def _settled_state(self, failure: ShellUnavailable) -> ContainerState | None:
         """Docker's state of the container after a shell did not start. When Docker refused the

@@ -14,12 +14,13 @@ import itertools
 import os
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from swerl.exec.docker_backend import DockerBackend
+from swerl.exec.docker_backend import ContainerNotRunning, DockerBackend
 from swerl.exec.errors import ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT
 from swerl.exec.shell.wire import CONTAINER_IO_DIR, MarkerScanner, env_script, make_fifo
@@ -28,6 +29,10 @@ log = structlog.get_logger(__name__)
 
 SUPERVISOR_SCRIPT = (Path(__file__).with_name("supervisor.sh")).read_bytes()
 READY_TIMEOUT_S = 60.0
+# While a shell starts, how often the node asks Docker whether its process still runs: a
+# container that dies before the shell has opened its FIFOs leaves the node's opens waiting for
+# a peer that will never come, and only Docker can tell.
+START_POLL_S = 0.25
 READ_CHUNK = 256 * 1024
 # FIFOs of a supervisor besides its stdio: the watchdog's and the workers' batons.
 _SIDE_FIFOS = ("ctl", "baton0", "baton1")
@@ -55,6 +60,39 @@ async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[
         for task in opens.values():
             if task.done() and not task.cancelled() and task.exception() is None:
                 os.close(task.result())
+
+
+async def _watch_start(backend: DockerBackend, container_id: str, exec_id: str) -> None:
+    """Returns only by raising: once the starting shell's process has ended, ContainerNotRunning
+    when its container stopped with it (the shell is started again with the container), else
+    EOFError (the shell itself gave up)."""
+    while True:
+        await asyncio.sleep(START_POLL_S)
+        if await backend.exec_running(exec_id):
+            continue
+        if await backend.is_running(container_id):
+            raise EOFError("the shell exited while it started")
+        raise ContainerNotRunning("the container stopped while its shell started")
+
+
+async def _unless_ended(work: Awaitable[Any], watch: asyncio.Future[None], what: str) -> Any:
+    """`work`'s result, unless the shell's process ended first (`watch` raises why) or
+    READY_TIMEOUT_S passed. A `work` that loses is cancelled: for the FIFO opens that is an
+    `asyncio.wait` over them, whose cancel leaves the opens themselves running for
+    _close_opens to end."""
+    task = asyncio.ensure_future(work)
+    try:
+        done, _ = await asyncio.wait(
+            {task, watch}, timeout=READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    if watch in done:
+        watch.result()  # raises why the shell's process ended
+    raise TimeoutError(f"the shell did not {what} within {READY_TIMEOUT_S:g} s")
 
 
 class Supervisor:
@@ -121,11 +159,11 @@ class Supervisor:
             inside["err"],
         ]
         sup: Supervisor | None = None
+        watch: asyncio.Future[None] | None = None
         try:
-            await backend.exec_detached(container_id, argv)
-            done, _ = await asyncio.wait(opens.values(), timeout=READY_TIMEOUT_S)
-            if len(done) != len(opens):
-                raise TimeoutError("the shell did not open its FIFOs")
+            exec_id = await backend.exec_detached(container_id, argv)
+            watch = asyncio.ensure_future(_watch_start(backend, container_id, exec_id))
+            await _unless_ended(asyncio.wait(opens.values()), watch, "open its FIFOs")
             fds = {k: t.result() for k, t in opens.items()}
             sup = cls(io_dir, gen, fds["in"], fds["out"], fds["err"], fd_life)
             sup._attach()
@@ -139,7 +177,7 @@ class Supervisor:
                 + b"\n__swerl_start\n"
             )
             await sup.write(boot)
-            await asyncio.wait_for(sup._await_ready(), READY_TIMEOUT_S)
+            await _unless_ended(sup._await_ready(), watch, "report ready")
             sup._watch_life()
         except BaseException as exc:
             # Any way out (errors, and cancellation when the sandbox is destroyed meanwhile)
@@ -159,6 +197,10 @@ class Supervisor:
                 container_id=container_id[:12],
             ) from exc
         finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(BaseException):
+                    await watch
             # Both ends of the stdio FIFOs are open now (or never will be): unlink the names.
             for key in ("in", "out", "err", "life"):
                 with contextlib.suppress(OSError):
