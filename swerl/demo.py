@@ -17,6 +17,11 @@ opens a session (OpenSession), makes three calls with the `openai` SDK (a tool c
 turn, then the history compacted after the first reply, which forks), closes it (CloseSession)
 and checks every chain's tokens against what `/generate` was sent and returned. The session's
 tree is written for `swerl inspect`.
+
+Part 2 also runs one harness episode (`harness_tour`): the real mini-swe-agent drives one
+bundled task through its own bash tool and the episode's gateway session, the replay policy
+playing the gold fix; it must resolve (+1) with samples exactly what `/generate` saw, its folder
+keeping traj.json, harness.log and the session tree for `swerl inspect`.
 """
 
 from __future__ import annotations
@@ -151,11 +156,19 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
     gateway = ReplayPolicyServer(
         {GATEWAY_KEY: GATEWAY_SCRIPT}, tokenizer_dir=tokenizer, keep_requests=True
     )
-    servers = (gold, wrong, garbage, tools, gateway)
+    # One harness episode: mini-swe-agent playing the gold fix through its own bash tool.
+    harness_task = tasks[1] if len(tasks) > 1 else tasks[0]
+    mini = ReplayPolicyServer(
+        scripts_for_tasks([harness_task], "gold", harness=HARNESS),
+        tokenizer_dir=tokenizer,
+        keep_requests=True,
+    )
+    servers = (gold, wrong, garbage, tools, gateway, mini)
     urls = [await server.start() for server in servers]
     status_name = agent_pb2.EpisodeStatus.Name
     rows: list[tuple[str, str, str, str, int, int, float]] = []
-    gateway_ok = False
+    gateway_ok = harness_ok = False
+    harness_report = "harness episode: not run"
     try:
         async with local_stack(nodes=1, max_sandboxes=8, purpose="demo") as stack:
             async with local_agent(stack.pool_address, stack.token, gateway_port=0) as agent:
@@ -205,14 +218,27 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
                         f"  {kind:7} {task.instance_id}: {rows[-1][2]} reward {reward}", flush=True
                     )
 
-                _say("RunEpisode", f"{len(tasks)} gold episodes, {concurrency} at a time")
+                async def harness_episode() -> None:
+                    nonlocal harness_ok, harness_report
+                    async with limit:
+                        harness_ok, harness_report = await harness_tour(
+                            stub, harness_task, urls[5], tokenizer, mini.stats.requests_seen
+                        )
+
+                _say(
+                    "RunEpisode",
+                    f"{len(tasks)} gold episodes and one {HARNESS} episode,"
+                    f" {concurrency} at a time",
+                )
                 try:
                     await asyncio.gather(
                         *(episode(t, urls[0], "gold") for t in tasks),
                         episode(wrong_task, urls[1], "wrong"),
                         episode(tasks[0], urls[2], "garbage", max_turns=4),
                         episode(tasks[0], urls[3], "tools", config="tools"),
+                        harness_episode(),
                     )
+                    _say(f"harness episode ({HARNESS})", harness_report)
                     assert agent.gateway is not None
                     _say("model gateway", f"a harness's session on {agent.gateway.url}")
                     gateway_ok, report = await gateway_tour(
@@ -243,8 +269,63 @@ async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) 
         f" (config tools): {'resolved (+1)' if tools_ok else 'NOT resolved'}"
     )
     lines.append(f"gateway session: {'chains exact' if gateway_ok else 'NOT exact'}")
+    lines.append(
+        f"harness {HARNESS}: {'resolved (+1), samples exact' if harness_ok else 'NOT resolved'}"
+    )
     _say("summary", "\n".join(lines))
-    return 0 if gold_ok and wrong_ok and garbage_ok and tools_ok and gateway_ok else 1
+    parts = (gold_ok, wrong_ok, garbage_ok, tools_ok, gateway_ok, harness_ok)
+    return 0 if all(parts) else 1
+
+
+# Part 2's harness episode: who drives it (swerl.agent.harnesses).
+HARNESS = "mini-swe-agent"
+
+
+async def harness_tour(
+    stub: Any, task: Any, policy_url: str, tokenizer: str, seen: list[tuple[list[int], list[int]]]
+) -> tuple[bool, str]:
+    """One harness episode on an agent with a gateway: the real mini-swe-agent drives `task`
+    in its leased sandbox against a replay policy of the task's gold script (whose requests land
+    in `seen`), through the episode's own gateway session. Returns (resolved with exact-token
+    samples and the session tree kept, report lines)."""
+    from swerl.agent import client as agent_client
+    from swerl.agent.v1 import agent_pb2
+    from swerl.validate import instance_to_pb
+
+    folder = tempfile.mkdtemp(prefix="swerl-demo-harness-")
+    start = agent_client.episode_start(
+        episode_id=f"demo-{HARNESS}-{task.instance_id}",
+        instance=instance_to_pb(task.instance),
+        policy=agent_pb2.PolicyConfig(
+            endpoint=policy_url, model="replay", tokenizer_path=tokenizer
+        ),
+        limits=agent_client.episode_limits(max_turns=8, command_timeout_s=60),
+        options=agent_pb2.EpisodeOptions(owner="demo", harness=HARNESS, artifact_dir=folder),
+        sampling_params={"temperature": 1.0},
+    )
+    started = time.monotonic()
+    result = (await agent_client.run_episode(stub, start, timeout=900))[-1]
+    took = time.monotonic() - started
+    status = agent_pb2.EpisodeStatus.Name(result.status).removeprefix("EPISODE_STATUS_")
+    reward = f"{result.reward:+.0f}" if result.HasField("reward") else "none"
+    # One chain: the sample is exactly the last request /generate saw and what it returned, and
+    # every sampled token (mask 1) is one the policy returned.
+    record = result.trajectory
+    exact = bool(seen) and (
+        list(record.prompt_ids) + list(record.response_ids) == seen[-1][0] + seen[-1][1]
+        and sum(record.loss_mask) == sum(len(got) for _, got in seen)
+    )
+    tree = os.path.join(result.artifact_dir, "session.json") if result.artifact_dir else ""
+    kept = bool(tree) and await asyncio.to_thread(os.path.exists, tree)
+    calls = int(result.metrics.get("gateway_calls", 0))
+    lines = (
+        f"{HARNESS} on {task.instance_id}: {status} reward {reward} in {took:.1f} s;"
+        f" {calls} gateway calls -> {len(result.chains) or 1} chain(s); sample tokens exactly what"
+        f" /generate was sent and returned: {'yes' if exact else 'NO'}\n"
+        f"its episode (traj.json, harness.log, session tree): swerl inspect {folder}"
+    )
+    ok = status == "SUBMITTED" and reward == "+1" and exact and kept
+    return ok, lines
 
 
 GATEWAY_KEY = "DEMO-GATEWAY-SESSION"

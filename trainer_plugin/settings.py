@@ -20,6 +20,8 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from swerl.agent import budget
+
 CONFIG_KEY_PREFIX = "swerl_"
 
 
@@ -196,6 +198,20 @@ class PluginSettings(BaseSettings):
                 raise ValueError(
                     f"episode_deadline_s ({self.episode_deadline_s:g}) must exceed "
                     f"wall_timeout_s + eval_timeout_s ({agent_side:g}), the agent's own budget"
+                )
+        if self.wall_timeout_s and self.harness not in ("", "builtin"):
+            # A harness episode's one budget (swerl.agent.budget) covers its grading too; the
+            # agent holds it at most its wait for the lease, that budget and the grading's
+            # own overhead.
+            bound = budget.DEFAULT_LEASE_WAIT_S + budget.agent_bound_s(
+                self.wall_timeout_s, 0.0, harnessed=True
+            )
+            if self.episode_deadline_s <= bound:
+                raise ValueError(
+                    f"episode_deadline_s ({self.episode_deadline_s:g}) must exceed the agent's "
+                    f"wait for a sandbox ({budget.DEFAULT_LEASE_WAIT_S:g} s) + the harness "
+                    f"episode's budget wall_timeout_s + {budget.GRADING_OVERHEAD_S:g} s for its "
+                    f"grading ({bound:g}), the agent's own budget"
                 )
         return self
 

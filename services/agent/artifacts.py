@@ -1,6 +1,7 @@
 """Episode artifacts: `<dir>/<instance_id>__<episode_id>/` with traj.json (mini-swe-agent style
 messages, per-step debug, info), patch.diff, meta.json, harness.log (a harness's own log, when it
-keeps one) and, when the episode has token records,
+keeps one), session.json (a harness episode's gateway session tree, the shape a closed session's
+folder holds: `swerl inspect` shows the tree) and, when the episode has token records,
 tokens.json (the records as trained, read by `swerl inspect`), written in the thread pool."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,9 @@ from swerl.agent.v1 import agent_pb2 as pb
 
 if TYPE_CHECKING:
     from swerl.agent.episode import Episode
+
+# The gateway session tree's file (swerl.agent.gateway.artifacts writes the same for a session).
+SESSION_FILE = "session.json"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -43,10 +48,14 @@ def _write(
     meta: dict[str, Any],
     result: pb.EpisodeResult,
     harness_log: bytes = b"",
+    session_tree: Callable[[], dict[str, Any]] | None = None,
 ) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     if harness_log:
         (directory / "harness.log").write_bytes(harness_log)
+    if session_tree is not None:
+        # Built here, in the pool: the tree holds every call's messages.
+        (directory / SESSION_FILE).write_text(json.dumps(session_tree(), indent=1))
     (directory / "traj.json").write_text(json.dumps(traj, indent=1))
     (directory / "patch.diff").write_bytes(patch)
     (directory / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -117,4 +126,5 @@ async def write_artifacts(
         meta,
         result,
         episode.harness.log(),
+        episode.model.tree_json if episode.model is not None else None,
     )

@@ -32,7 +32,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from swerl.agent import branching, grading
+from swerl.agent import branching, budget, grading
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.service import Gateway
 from swerl.agent.harness_model import EpisodeModel, PolicyAborted
@@ -155,6 +155,9 @@ class Episode:
         self.harness = harness_named(spec.harness)
         # A harness episode's gateway session (None for swerl's own loop).
         self.model: EpisodeModel | None = None
+        # When a harness episode's one budget started (its lease granted; None for swerl's loop,
+        # whose grading keeps its own eval_timeout).
+        self._budget_started: float | None = None
 
     @property
     def key(self) -> str:
@@ -251,13 +254,17 @@ class Episode:
             agent_started = time.monotonic()
             agent_before = self.clock.agent_s  # a branch's share of its trunk's time
             harness = self.harness
+            run_s = spec.wall_timeout_s - agent_before
+            if self._harnessed:  # one budget: the harness leaves the grading its share
+                self._budget_started = agent_started
+                run_s = budget.harness_run_s(spec.wall_timeout_s, spec.eval_timeout_s)
             loop = asyncio.get_running_loop().create_task(self._drive(sandbox))
             # One watcher per episode (not per call): a lost lease stops the loop at once.
             lost = asyncio.ensure_future(sandbox.lost.wait())
             try:
                 done, _ = await asyncio.wait(
                     {loop, lost},
-                    timeout=max(0.0, spec.wall_timeout_s - agent_before),
+                    timeout=max(0.0, run_s),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
                 if loop in done:
@@ -559,10 +566,27 @@ class Episode:
         return branch
 
     async def _evaluate(self) -> None:
-        """Grades the patch (swerl.agent.grading) and streams the report."""
+        """Grades the patch (swerl.agent.grading) and streams the report. A harness episode's
+        grading gets what is left of its budget (swerl.agent.budget), and must end within it
+        plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET."""
+        spec = self.spec
         started = time.monotonic()
+        limit_s, bound_s = spec.eval_timeout_s, None
+        if self._budget_started is not None:
+            left_s = spec.wall_timeout_s - (started - self._budget_started)
+            limit_s = budget.grading_limit_s(left_s, spec.eval_timeout_s)
+            bound_s = max(left_s, limit_s) + budget.GRADING_OVERHEAD_S
         try:
-            self.report = await grading.evaluate(self._provider, self.spec, self.key, self.patch)
+            graded = grading.evaluate(self._provider, spec, self.key, self.patch, limit_s)
+            self.report = await asyncio.wait_for(graded, bound_s)
+        except TimeoutError as err:
+            if bound_s is None:
+                raise
+            raise EpisodeInfraError(
+                budget.GRADING_OVER_BUDGET,
+                f"the grading did not end within the episode's budget ({spec.wall_timeout_s:g} s"
+                f" from its lease, plus {budget.GRADING_OVERHEAD_S:g} s for the grading itself)",
+            ) from err
         finally:
             self.clock.eval_s = time.monotonic() - started
         self._emit(pb.RunEpisodeResponse(evaluation=self.report))

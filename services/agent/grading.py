@@ -18,9 +18,11 @@ from swerl.exec.verdicts import empty_patch
 
 
 async def evaluate(
-    provider: SandboxProvider, spec: EpisodeSpec, key: str, patch: bytes
+    provider: SandboxProvider, spec: EpisodeSpec, key: str, patch: bytes, timeout_s: float
 ) -> evaluate_pb2.EvaluationReport:
-    """The report on `patch` (`key` names the grading lease: the episode, or its branch)."""
+    """The report on `patch` (`key` names the grading lease: the episode, or its branch) within
+    `timeout_s` for its tests (the episode's eval_timeout, or what a harness episode's budget has
+    left)."""
     verdict = empty_patch(patch)
     if verdict is not None:
         return verdict.report(spec.instance.instance_id)
@@ -32,7 +34,7 @@ async def evaluate(
         workdir=None,
         avoid_node_ids=spec.avoid_node_ids,
     ) as grader:
-        return await guarded(grader, grader.evaluate(spec.instance, patch, spec.eval_timeout_s))
+        return await guarded(grader, grader.evaluate(spec.instance, patch, timeout_s))
 
 
 # Reasons an evaluation's report gives for a fault of its node (its sandbox or dockerd): the

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.gateway.artifacts import session_json
 from swerl.agent.gateway.service import Gateway
 from swerl.agent.gateway.session import Session, SessionSpec, SessionState
+from swerl.agent.gateway.wire import session_pb
 from swerl.agent.harnesses.base import HarnessModel
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.tokens import TokenRecordData
@@ -140,6 +142,11 @@ class EpisodeModel:
             store = self.gateway.store
             self.records = await store.aclose(self.session.id, request_id=f"{self.session.id}-end")
         return self.records
+
+    def tree_json(self) -> dict[str, Any]:
+        """The session's call tree as `session.json` holds it (what `swerl inspect` shows for
+        the episode): the shape a closed gateway session's folder has."""
+        return session_json(session_pb(self.session))
 
     def metrics(self) -> dict[str, float]:
         """The session's figures (`gateway_calls`, `model_query_time_sum`, ...)."""

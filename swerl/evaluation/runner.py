@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import grpc
 
+from swerl.agent import budget
 from swerl.agent import client as agent_client
 from swerl.agent.config import load_config
 from swerl.agent.errors import UnknownConfig
@@ -71,7 +72,10 @@ class EvalConfig:
             defaults = load_config().defaults
         wall = self.wall_timeout_s or defaults.wall_timeout_s
         evaluation = self.eval_timeout_s or defaults.eval_timeout_s
-        return wall + evaluation + 600.0
+        # Past the agent's own bound (swerl.agent.budget), so no sandbox outlives its episode.
+        harnessed = self.harness not in ("", "builtin")
+        ordered = budget.client_deadline_s(wall, evaluation, harnessed=harnessed)
+        return max(wall + evaluation + 600.0, ordered)
 
 
 def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -> pb.EpisodeStart:

@@ -19,6 +19,7 @@ from agent_testkit import (
     start_for,
 )
 
+from swerl.agent import budget
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.harnesses import HARNESSES, HarnessFailed, HarnessRun
 from swerl.agent.status import EpisodeStatus
@@ -210,6 +211,95 @@ async def test_a_harness_that_never_exits_is_stopped_at_its_budget_harness_timeo
     assert one.cancels == 1
     assert elapsed < 120, elapsed  # stopped at its budget, not at the command's 600 s
     assert sandboxes_left(node) == []
+
+
+# A harness that never exits, and leaves a package whose import hangs: the tests of its grading
+# run until the grading's limit kills them.
+HANGING_IMPORT = ["printf 'import time\\ntime.sleep(600)\\n' >> inicfg/__init__.py", "sleep 600"]
+
+
+def _since_lease(result: pb.EpisodeResult, started: pb.EpisodeStarted) -> float:
+    """The episode's time from its sandbox's lease on (where its one budget starts)."""
+    return result.metrics["total_time"] - started.lease_wait_duration.ToTimedelta().total_seconds()
+
+
+async def test_a_harness_that_eats_its_budget_is_graded_within_it(harness):
+    """One budget covers the harness and the grading: the harness is stopped at its share, the
+    grading gets what is left (never more than eval_timeout), and the episode ends within the
+    budget plus the grading's overhead, graded, with nothing held."""
+    task = bundled_tasks()[0]
+    one = harness(HANGING_IMPORT, "diff", "")
+    budget_s = 16.0
+    start = _start(task, "h-budget", one.name, wall_s=budget_s)
+    start.limits.eval_timeout.CopyFrom(duration_pb(600.0))
+    async with agent_stack() as env:
+        messages = await run_to_result(env.stub, start)
+        await _no_leases(env)
+        node = _node_of(env)
+    (started,) = [m.started for m in messages if m.HasField("started")]
+    result = result_of(messages)
+    assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT, result.error_message
+    assert b"time.sleep(600)" in result.patch
+    # The harness had three quarters of the budget; the grading the rest, not its 600 s.
+    assert budget.harness_run_s(budget_s, 600.0) == 12.0
+    assert 12.0 <= result.metrics["agent_run_time"] < 12.0 + 5, result.metrics["agent_run_time"]
+    assert result.report.status == evaluate_pb2.EVALUATION_STATUS_TIMEOUT
+    assert result.report.error_reason == "TESTS_TIMED_OUT"
+    killed_at = float(result.report.error_message.split("past ")[1].split(" s")[0])
+    assert 0 < killed_at <= budget_s - 12.0, result.report.error_message
+    assert result.reward == -1.0
+    assert _since_lease(result, started) < budget_s + budget.GRADING_OVERHEAD_S
+    assert one.cancels == 1
+    assert sandboxes_left(node) == []
+
+
+async def test_a_grading_past_the_budget_ends_infra_error_grading_over_budget(harness, monkeypatch):
+    """With no overhead allowed past the budget, a grading whose tests hang to its limit cannot
+    end within it: INFRA_ERROR GRADING_OVER_BUDGET, no reward, the grading's lease released."""
+    monkeypatch.setattr(budget, "GRADING_OVERHEAD_S", 0.0)
+    task = bundled_tasks()[0]
+    one = harness(HANGING_IMPORT, "diff", "")
+    budget_s = 12.0
+    async with agent_stack() as env:
+        messages = await run_to_result(env.stub, _start(task, "h-over", one.name, wall_s=budget_s))
+        await _no_leases(env)
+        node = _node_of(env)
+    (started,) = [m.started for m in messages if m.HasField("started")]
+    result = result_of(messages)
+    assert result.status == pb.EPISODE_STATUS_INFRA_ERROR, result.error_message
+    assert result.error_reason == "GRADING_OVER_BUDGET"
+    assert "budget (12 s from its lease" in result.error_message
+    assert not result.HasField("reward") and not result.HasField("report")
+    assert _since_lease(result, started) < budget_s + 10.0
+    assert sandboxes_left(node) == []
+
+
+def test_the_budgets_are_ordered_client_over_agent_over_grading():
+    """A client's deadline exceeds the agent's bound on an episode, which exceeds the harness's
+    share and the grading's limit: no sandbox is held past its episode."""
+    from swerl.agent.settings import AgentSettings
+    from swerl.evaluation.runner import EvalConfig
+
+    for harness in ("mini-swe-agent", "builtin"):
+        for eval_s in (1.0, 50.0):
+            config = EvalConfig(
+                policy_endpoint=NO_POLICY,
+                wall_timeout_s=100.0,
+                eval_timeout_s=eval_s,
+                harness=harness,
+            )
+            harnessed = harness != "builtin"
+            bound = budget.agent_bound_s(100.0, eval_s, harnessed=harnessed)
+            # swerl eval's deadline outlasts the agent's wait for the lease plus its bound.
+            assert config.episode_deadline_s > budget.DEFAULT_LEASE_WAIT_S + bound
+            assert bound > 100.0 + (0.0 if harnessed else eval_s)
+    # The agent's default wait for a sandbox is the one the deadline counts on.
+    assert AgentSettings.model_fields["lease_wait_s"].default == budget.DEFAULT_LEASE_WAIT_S
+    assert budget.harness_run_s(100.0, 50.0) == 75.0  # a quarter of the budget, at most
+    assert budget.harness_run_s(100.0, 10.0) == 90.0  # the grading's own limit, when less
+    assert budget.grading_limit_s(25.0, 50.0) == 25.0  # what is left ...
+    assert budget.grading_limit_s(80.0, 50.0) == 50.0  # ... never more than its own limit
+    assert budget.grading_limit_s(-3.0, 50.0) == budget.MIN_GRADING_S
 
 
 async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):

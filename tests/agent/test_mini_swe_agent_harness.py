@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import subprocess
+import sys
 import time
+from urllib.request import urlopen
 
 import pytest
 from agent_testkit import (
@@ -115,7 +119,44 @@ async def test_mini_swe_agent_resolves_with_exact_token_samples(tmp_path):
     assert log["info"]["config"]["agent_type"] == "minisweagent.agents.default.DefaultAgent"
     assert [m["role"] for m in log["messages"][:3]] == ["system", "user", "assistant"]
     assert (directory / "traj.json").exists()
+    # The episode's gateway session tree beside them, the shape a closed session's folder has:
+    # five calls, one root extended four times.
+    tree = json.loads((directory / "session.json").read_text())
+    assert tree["session_id"] and tree["status"] == "SESSION_STATUS_CLOSED"
+    assert [c["kind"] for c in tree["calls"]] == ["SESSION_CALL_KIND_ROOT"] + [
+        "SESSION_CALL_KIND_EXTEND"
+    ] * 4
+    assert [c.get("parent_call_index") for c in tree["calls"]] == [None, 0, 1, 2, 3]
+    # `swerl inspect` on the folder's run shows that tree on the episode's page.
+    page = await asyncio.to_thread(_inspector_page, tmp_path, directory.name)
+    assert '<div id="session-tree">' in page
+    calls = re.findall(r'id="call-(\d+)" data-call="\d+" data-kind="(\w+)"', page)
+    assert calls == [("0", "root")] + [(str(i), "extend") for i in range(1, 5)]
     assert sandboxes_left(node) == []
+
+
+def _inspector_page(run_dir, key: str) -> str:
+    """The episode's page as `swerl inspect RUN_DIR` serves it (a subprocess, as users run it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swerl.cli", "inspect", str(run_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = ""
+        for line in proc.stdout:
+            match = re.search(r"(http://\S+?)/?\s", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url, "swerl inspect printed no URL"
+        with urlopen(f"{url}/episode/{key}", timeout=60) as response:
+            return response.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 async def test_mini_swe_agent_wrong_fix_is_graded_minus_one():

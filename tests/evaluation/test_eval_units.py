@@ -218,11 +218,18 @@ def test_a_branching_start_carries_the_fork_turn_and_the_branch_count():
 
 def test_the_episode_deadline_takes_unset_limits_from_the_agent_config():
     defaults = load_config().defaults
-    expected = defaults.wall_timeout_s + defaults.eval_timeout_s + 600.0
+    # The agent's wait for the lease (600 s), its loop, its grading and the grading's overhead
+    # (60 s), and a margin (60 s): past everything the agent may spend on the episode.
+    expected = defaults.wall_timeout_s + defaults.eval_timeout_s + 720.0
     assert EvalConfig(policy_endpoint="http://p").episode_deadline_s == expected
     # A config this install does not ship: the default one's limits (the agent judges the name).
     assert EvalConfig(policy_endpoint="http://p", config_name="no-such").episode_deadline_s == (
         expected
     )
     config = EvalConfig(policy_endpoint="http://p", wall_timeout_s=10, eval_timeout_s=5)
-    assert config.episode_deadline_s == 615.0
+    assert config.episode_deadline_s == 735.0
+    # A harness episode's one budget covers its grading: the same wait, budget and margins.
+    harnessed = EvalConfig(
+        policy_endpoint="http://p", wall_timeout_s=10, eval_timeout_s=5, harness="mini-swe-agent"
+    )
+    assert harnessed.episode_deadline_s == 730.0

@@ -342,5 +342,11 @@ def test_settings_refuse_a_call_deadline_inside_the_agents_own_budget(monkeypatc
         PluginSettings()  # the default 3600 s deadline is not above 1800 + 1800
     ordered = PluginSettings(episode_deadline_s=4000)
     assert ordered.episode_deadline_s == 4000
+    # A harness episode's one budget covers its grading: the call must outlast it and the
+    # grading's overhead, whatever eval_timeout_s says.
+    with pytest.raises(ValueError, match=r"\(2460\), the agent's own budget"):
+        PluginSettings(harness="mini-swe-agent", eval_timeout_s=10, episode_deadline_s=2400)
+    harnessed = PluginSettings(harness="mini-swe-agent", eval_timeout_s=10, episode_deadline_s=2500)
+    assert harnessed.episode_deadline_s == 2500
     monkeypatch.delenv("SWERL_PLUGIN_EVAL_TIMEOUT_S")
     assert PluginSettings().eval_timeout_s == 0.0  # an unset limit is the agent's to judge
