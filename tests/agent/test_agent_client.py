@@ -63,8 +63,27 @@ def test_the_trainer_plugin_imports_only_the_agents_contract_and_client():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = eval(out.stdout)  # a printed list of module names
     assert "swerl.agent.client" in loaded
-    inside = [m for m in loaded if m not in ("swerl.agent", "swerl.agent.client")]
+    # swerl.agent.budget is the deadline arithmetic a caller shares with the agent (which
+    # deadline outlasts the agent's own budget): pure, importing nothing of the service.
+    public = ("swerl.agent", "swerl.agent.client", "swerl.agent.budget")
+    inside = [m for m in loaded if m not in public]
     assert all(m.startswith("swerl.agent.v1") for m in inside), inside
+
+
+def test_the_budget_module_a_client_shares_imports_nothing_of_swerl():
+    import ast
+    import inspect
+
+    from swerl.agent import budget
+
+    tree = ast.parse(inspect.getsource(budget))
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    ]
+    assert imported == ["__future__"], imported
 
 
 @pytest.mark.usefixtures("base_image")
