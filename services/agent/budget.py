@@ -26,8 +26,6 @@ GRADING_SHARE = 0.25
 GRADING_OVERHEAD_S = 60.0
 # The shortest limit a grading is given (the exec node refuses a zero one).
 MIN_GRADING_S = 1.0
-# The reason of a harness episode whose grading did not end within its budget.
-GRADING_OVER_BUDGET = "GRADING_OVER_BUDGET"
 # How long an episode waits for its sandbox by default (the agent's `lease_wait_s`).
 DEFAULT_LEASE_WAIT_S = 600.0
 # What a client's deadline keeps beyond the agent's bound (the result's way back).

@@ -583,7 +583,7 @@ class Episode:
             if bound_s is None:
                 raise
             raise EpisodeInfraError(
-                budget.GRADING_OVER_BUDGET,
+                "GRADING_OVER_BUDGET",
                 f"the grading did not end within the episode's budget ({spec.wall_timeout_s:g} s"
                 f" from its lease, plus {budget.GRADING_OVERHEAD_S:g} s for the grading itself)",
             ) from err

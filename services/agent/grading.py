@@ -56,10 +56,9 @@ def check_report(report: evaluate_pb2.EvaluationReport) -> None:
     patch that does not apply)."""
     if report.status == evaluate_pb2.EVALUATION_STATUS_INFRA_ERROR:
         reason = report.error_reason
-        raise EpisodeInfraError(
-            reason if reason in NODE_FAULTS else "EVALUATION_INFRA_ERROR",
-            f"{report.error_reason}: {report.error_message}",
-        )
+        if reason not in NODE_FAULTS:
+            reason = "EVALUATION_INFRA_ERROR"
+        raise EpisodeInfraError(reason, f"{report.error_reason}: {report.error_message}")
 
 
 def outcome_reward(

@@ -38,9 +38,6 @@ T = TypeVar("T")
 DEFAULT_TOOL_CALL_PARSER = "qwen25"
 DEFAULT_REASONING_PARSER = "qwen3"
 
-# The reasons a harness episode ends INFRA_ERROR for its model.
-GATEWAY_GONE = "GATEWAY_GONE"
-
 
 class PolicyAborted(Exception):
     """The trainer aborted a generation of the session (the episode ends ABORTED)."""
@@ -95,7 +92,7 @@ class EpisodeModel:
         session = self.session
         if self.gateway.stopped.is_set():
             return EpisodeInfraError(
-                GATEWAY_GONE, f"the model gateway at {self.gateway.url} went away mid-run"
+                "GATEWAY_GONE", f"the model gateway at {self.gateway.url} went away mid-run"
             )
         failure = session.policy_failure
         if failure is not None:

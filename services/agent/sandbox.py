@@ -130,14 +130,15 @@ def lease_lost(sandbox: SandboxHandle) -> EpisodeInfraError:
 
 
 def _infra(
-    err: grpc.aio.AioRpcError, what: str, fallback: str = "SANDBOX_UNAVAILABLE"
+    err: grpc.aio.AioRpcError, what: str, fallback_reason: str = "SANDBOX_UNAVAILABLE"
 ) -> EpisodeInfraError:
     """INFRA_ERROR with the node's own reason (SANDBOX_STOPPED, DOCKER_UNAVAILABLE, ...), so the
-    episode's result names the fault; `fallback` only when the node gave none (it could not be
-    reached, or the call's deadline passed)."""
+    episode's result names the fault; `fallback_reason` only when the node gave none (it could
+    not be reached, or the call's deadline passed)."""
     reason, _ = error_info(err)
     return EpisodeInfraError(
-        reason or fallback, f"{what} failed: {err.code().name} {reason or ''} {err.details()}"
+        reason or fallback_reason,
+        f"{what} failed: {err.code().name} {reason or ''} {err.details()}",
     )
 
 
@@ -221,7 +222,7 @@ class _PoolHandle:
                 if response.WhichOneof("kind") == "report":
                     report = response.report
         except grpc.aio.AioRpcError as err:
-            raise _infra(err, "Evaluate", "EVALUATION_UNAVAILABLE") from err
+            raise _infra(err, "Evaluate", fallback_reason="EVALUATION_UNAVAILABLE") from err
         if report is None:
             raise EpisodeInfraError("EVALUATION_UNAVAILABLE", "Evaluate ended without a report")
         return report

@@ -5,7 +5,8 @@ Documented reasons are the UPPER_SNAKE words in the protos' comments that are no
 (with or without their enum's prefix), gRPC code names, or the few other words listed in
 NOT_REASONS. Sent reasons are read from the code's syntax tree: `reason = "X"` on an error
 class or anywhere a name or attribute ending in `reason` is assigned, `reason="X"` keyword
-arguments, and "X" passed where a function or class of swerl takes a `reason` parameter.
+arguments, "X" passed where a function or class of swerl takes a `reason` parameter, and "X"
+as the default of a parameter whose name ends in `reason`.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def sent_reasons(sources: dict[str, str]) -> dict[str, str]:
                 for arg, default in zip(
                     args[len(args) - len(node.args.defaults) :], node.args.defaults, strict=True
                 ):
-                    if arg.arg == "reason":
+                    if arg.arg.endswith("reason"):
                         take(default, path)
     return found
 
