@@ -8,11 +8,14 @@ status and reason, and that nothing is left (no container of the test's node, no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 from urllib.request import urlopen
 
 import pytest
@@ -77,19 +80,29 @@ def _replay(task, script: list[str], **options) -> ReplayPolicyServer:
     return ReplayPolicyServer({key: script}, keep_requests=True, **options)
 
 
-async def test_mini_swe_agent_resolves_with_exact_token_samples(tmp_path):
-    task = bundled_tasks()[1]
-    replay = _replay(task, mini_swe_agent_script(task.gold_patch))
+@contextlib.asynccontextmanager
+async def _episode_stack(replay: ReplayPolicyServer) -> AsyncIterator[tuple[Any, str]]:
+    """The replay policy and a whole agent stack (pool, exec node, agent) around a test's
+    episodes, as (env, policy url); on the way out, no lease is held and no container of the
+    test's node is left."""
     url = await replay.start()
     try:
         async with agent_stack() as env:
-            start = _start(task, url, "mini-gold")
-            start.options.artifact_dir = str(tmp_path)
-            result = result_of(await run_to_result(env.stub, start))
+            yield env, url
             await _no_leases(env)
             node = _node_of(env)
     finally:
         await replay.stop()
+    assert sandboxes_left(node) == []
+
+
+async def test_mini_swe_agent_resolves_with_exact_token_samples(tmp_path):
+    task = bundled_tasks()[1]
+    replay = _replay(task, mini_swe_agent_script(task.gold_patch))
+    async with _episode_stack(replay) as (env, url):
+        start = _start(task, url, "mini-gold")
+        start.options.artifact_dir = str(tmp_path)
+        result = result_of(await run_to_result(env.stub, start))
     assert result.status == pb.EPISODE_STATUS_SUBMITTED, result.error_message
     assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
     assert result.reward == 1.0
@@ -132,7 +145,6 @@ async def test_mini_swe_agent_resolves_with_exact_token_samples(tmp_path):
     assert '<div id="session-tree">' in page
     calls = re.findall(r'id="call-(\d+)" data-call="\d+" data-kind="(\w+)"', page)
     assert calls == [("0", "root")] + [(str(i), "extend") for i in range(1, 5)]
-    assert sandboxes_left(node) == []
 
 
 def _inspector_page(run_dir, key: str) -> str:
@@ -163,31 +175,18 @@ async def test_mini_swe_agent_wrong_fix_is_graded_minus_one():
     task = bundled_tasks()[1]
     (script,) = scripts_for_tasks([task], "wrong", harness=HARNESS).values()
     replay = _replay(task, script)
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            result = result_of(await run_to_result(env.stub, _start(task, url, "mini-wrong")))
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        result = result_of(await run_to_result(env.stub, _start(task, url, "mini-wrong")))
     assert result.status == pb.EPISODE_STATUS_SUBMITTED, result.error_message
     assert result.report.status != evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL
     assert result.reward == -1.0
-    assert sandboxes_left(node) == []
 
 
 async def test_mini_swe_agent_on_garbage_fails_as_a_harness_not_infra():
     task = bundled_tasks()[1]
     replay = ReplayPolicyServer({}, garbage=True, keep_requests=True)
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            result = result_of(await run_to_result(env.stub, _start(task, url, "mini-garbage")))
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        result = result_of(await run_to_result(env.stub, _start(task, url, "mini-garbage")))
     # Random tokens hold no tool call: mini-swe-agent's format errors, three in a row.
     assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
     assert result.error_reason == "HARNESS_FAILED"
@@ -195,7 +194,6 @@ async def test_mini_swe_agent_on_garbage_fails_as_a_harness_not_infra():
     assert result.reward == -1.0
     assert len(replay.stats.requests_seen) == 3
     check_record(result.trajectory if not result.chains else result.chains[0], replay)
-    assert sandboxes_left(node) == []
 
 
 async def test_mini_swe_agent_killed_mid_run_is_harness_failed(monkeypatch):
@@ -213,143 +211,102 @@ async def test_mini_swe_agent_killed_mid_run_is_harness_failed(monkeypatch):
 
     monkeypatch.setattr(DefaultAgent, "execute_actions", dies_after_one)
     replay = _replay(task, mini_swe_agent_script(task.gold_patch))
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            result = result_of(await run_to_result(env.stub, _start(task, url, "mini-killed")))
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        result = result_of(await run_to_result(env.stub, _start(task, url, "mini-killed")))
     assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
     assert result.error_reason == "HARNESS_FAILED"
     assert result.error_message == "mini-swe-agent raised RuntimeError: mini-swe-agent killed"
     # Graded on what the sandbox holds: the fix was never applied.
     assert result.reward == -1.0
     assert len(replay.stats.requests_seen) == 2
-    assert sandboxes_left(node) == []
 
 
 async def test_mini_swe_agent_that_never_exits_is_stopped_at_its_budget():
     task = bundled_tasks()[1]
     script = [_mini_bash("Waiting.", "echo x >> README.md && sleep 600")]
     replay = _replay(task, script)
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            began = time.monotonic()
-            start = _start(task, url, "mini-hang", wall_s=20.0, command_s=900.0)
-            result = result_of(await run_to_result(env.stub, start))
-            elapsed = time.monotonic() - began
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        began = time.monotonic()
+        start = _start(task, url, "mini-hang", wall_s=20.0, command_s=900.0)
+        result = result_of(await run_to_result(env.stub, start))
+        elapsed = time.monotonic() - began
     assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT
     assert b"README.md" in result.patch and result.reward == -1.0
     # The budget (20 s) ends it, not the command's 600 s; grading follows at once.
     assert elapsed < 120, elapsed
     assert result.metrics["agent_run_time"] < 40, result.metrics["agent_run_time"]
-    assert sandboxes_left(node) == []
 
 
 async def test_a_gateway_that_goes_away_ends_a_mini_swe_agent_episode_infra_error():
     task = bundled_tasks()[1]
     script = [_mini_bash("Waiting.", "sleep 600")]
     replay = _replay(task, script)
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            call = env.stub.RunEpisode(timeout=300)
-            await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-gone")))
-            await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
-            await asyncio.sleep(1.0)
-            gateway = env.agent.runner.gateway
-            assert gateway is not None
-            stopped = time.monotonic()
-            await gateway.stop()
-            result = result_of([message async for message in call])
-            took = time.monotonic() - stopped
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        call = env.stub.RunEpisode(timeout=300)
+        await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-gone")))
+        await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
+        await asyncio.sleep(1.0)
+        gateway = env.agent.runner.gateway
+        assert gateway is not None
+        stopped = time.monotonic()
+        await gateway.stop()
+        result = result_of([message async for message in call])
+        took = time.monotonic() - stopped
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
     assert result.error_reason == "GATEWAY_GONE"
     assert "went away" in result.error_message
     assert not result.HasField("reward") and not result.HasField("report")
     assert took < 15.0, took
-    assert sandboxes_left(node) == []
 
 
 async def test_a_trainer_abort_during_a_mini_swe_agent_run_ends_it_aborted_at_once():
     task = bundled_tasks()[1]
     # The policy's third generation is aborted (the trainer's abort of in-flight requests).
     replay = _replay(task, mini_swe_agent_script(task.gold_patch), abort_on_turn=2)
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            began = time.monotonic()
-            result = result_of(await run_to_result(env.stub, _start(task, url, "mini-abort")))
-            elapsed = time.monotonic() - began
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        began = time.monotonic()
+        result = result_of(await run_to_result(env.stub, _start(task, url, "mini-abort")))
+        elapsed = time.monotonic() - began
     assert result.status == pb.EPISODE_STATUS_ABORTED
     assert result.error_reason == "POLICY_ABORTED"
     assert not result.HasField("report")
     assert len(replay.stats.requests_seen) == 3
     assert elapsed < 120, elapsed
-    assert sandboxes_left(node) == []
 
 
 async def test_a_trainer_cancel_during_a_mini_swe_agent_run_stops_it_at_once():
     task = bundled_tasks()[1]
     replay = _replay(task, [_mini_bash("Waiting.", "sleep 600")])
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            call = env.stub.RunEpisode(timeout=300)
-            await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-cancel")))
-            await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
-            await asyncio.sleep(1.0)
-            sent = time.monotonic()
-            cancel = pb.EpisodeCancel(reason="rollout aborted")
-            await call.write(pb.RunEpisodeRequest(cancel=cancel))
-            result = result_of([message async for message in call])
-            took = time.monotonic() - sent
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        call = env.stub.RunEpisode(timeout=300)
+        await call.write(pb.RunEpisodeRequest(start=_start(task, url, "mini-cancel")))
+        await _until(lambda: replay.stats.requests_seen, 180)  # its command is running
+        await asyncio.sleep(1.0)
+        sent = time.monotonic()
+        cancel = pb.EpisodeCancel(reason="rollout aborted")
+        await call.write(pb.RunEpisodeRequest(cancel=cancel))
+        result = result_of([message async for message in call])
+        took = time.monotonic() - sent
     assert result.status == pb.EPISODE_STATUS_CANCELLED
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
     assert took < 5.0, took
-    assert sandboxes_left(node) == []
 
 
 async def test_mini_swe_agent_over_its_context_budget_ends_limit_context():
     task = bundled_tasks()[1]
     replay = _replay(task, mini_swe_agent_script(task.gold_patch))
-    url = await replay.start()
-    try:
-        async with agent_stack() as env:
-            # A first run measures the calls; the budget then fits the second call and its
-            # reply but not the third call's prompt.
-            probe = result_of(await run_to_result(env.stub, _start(task, url, "mini-probe")))
-            assert probe.status == pb.EPISODE_STATUS_SUBMITTED
-            (_, _), (second_in, second_out), (third_in, _) = replay.stats.requests_seen[:3]
-            budget = len(second_in) + len(second_out) + 1
-            assert budget <= len(third_in)
-            replay.stats.requests_seen.clear()
-            start = _start(task, url, "mini-context")
-            start.limits.max_context_tokens = budget
-            result = result_of(await run_to_result(env.stub, start))
-            await _no_leases(env)
-            node = _node_of(env)
-    finally:
-        await replay.stop()
+    async with _episode_stack(replay) as (env, url):
+        # A first run measures the calls; the budget then fits the second call and its
+        # reply but not the third call's prompt.
+        probe = result_of(await run_to_result(env.stub, _start(task, url, "mini-probe")))
+        assert probe.status == pb.EPISODE_STATUS_SUBMITTED
+        (_, _), (second_in, second_out), (third_in, _) = replay.stats.requests_seen[:3]
+        budget = len(second_in) + len(second_out) + 1
+        assert budget <= len(third_in)
+        replay.stats.requests_seen.clear()
+        start = _start(task, url, "mini-context")
+        start.limits.max_context_tokens = budget
+        result = result_of(await run_to_result(env.stub, start))
     # The session refused the third call over the budget (context_length_exceeded, which
     # mini-swe-agent does not retry); its run failed on it: LIMIT_CONTEXT, graded.
     assert result.status == pb.EPISODE_STATUS_LIMIT_CONTEXT, result.error_message
@@ -357,4 +314,3 @@ async def test_mini_swe_agent_over_its_context_budget_ends_limit_context():
     assert result.metrics["gateway_context_errors"] == 1.0
     assert len(replay.stats.requests_seen) == 2
     assert result.report.status == evaluate_pb2.EVALUATION_STATUS_RESOLVED_FULL  # fix applied
-    assert sandboxes_left(node) == []
