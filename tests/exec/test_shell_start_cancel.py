@@ -11,6 +11,8 @@ good on a FIFO whose directory was then removed, and a node lost a worker per su
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,18 +21,32 @@ import docker
 import pytest
 
 from swerl.exec.docker_backend import DockerBackend
-from swerl.exec.shell import Supervisor
+from swerl.exec.shell import Supervisor, supervisor
+from swerl.exec.shell.wire import CONTAINER_IO_DIR
 
 WORKERS = 2
 
 
+GENERATION = 900_000  # the start-up's FIFO names: in.900000, out.900000, ...
+
+
 @pytest.fixture
-def idle_container(base_image):
+def idle_container(base_image, tmp_path: Path, monkeypatch):
     client = docker.from_env()
-    # No I/O directory is mounted, so the shell the supervisor execs can never open its
-    # FIFOs: the start-up waits on them until it is cancelled, as with a destroyed sandbox.
+    # The container's I/O directory is a decoy, not the node's: its in-FIFO has no writer, so
+    # the shell the supervisor execs stays alive, blocked opening it, and never opens the
+    # node's FIFOs. The start-up waits on them until it is cancelled, as with a destroyed
+    # sandbox (a shell that died instead would be seen by the start-up's watch).
+    monkeypatch.setattr(supervisor, "_generation", itertools.count(GENERATION))
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    os.mkfifo(decoy / f"in.{GENERATION}")
     container = client.containers.run(
-        base_image, ["sleep", "300"], detach=True, labels={"swerl.test": "shell-start-cancel"}
+        base_image,
+        ["sleep", "300"],
+        detach=True,
+        labels={"swerl.test": "shell-start-cancel"},
+        volumes={str(decoy): {"bind": CONTAINER_IO_DIR, "mode": "rw"}},
     )
     try:
         yield container.id
@@ -50,7 +66,9 @@ async def test_a_shell_start_cancelled_while_its_fifo_opens_wait_for_a_worker_fr
     try:
         # Every default worker busy: the start-up's three FIFO opens are queued behind them.
         busy = [loop.run_in_executor(None, gate.wait) for _ in range(WORKERS)]
-        start = asyncio.ensure_future(Supervisor.start(backend, idle_container, tmp_path, {}))
+        io_dir = tmp_path / "io"
+        io_dir.mkdir()
+        start = asyncio.ensure_future(Supervisor.start(backend, idle_container, io_dir, {}))
         await asyncio.sleep(0.5)  # the exec of the shell went out; the opens still wait
         assert not start.done()
         start.cancel()  # the sandbox is destroyed during the start-up
