@@ -15,6 +15,8 @@ from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
+from swerl.pool.client import PoolClient
+from swerl.pool.v1 import pool_pb2
 from swerl.stack import LocalStack, local_stack
 from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
@@ -134,3 +136,20 @@ def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
         check=True,
     ).stdout.split()
     return [n for n in out if n.startswith(node_id_prefix)]
+
+
+def node_of(env: AgentStack) -> str:
+    """The id of the stack's one exec node (other runs on a shared dockerd use the same
+    "agent-test" prefix, so a test checks its own node only)."""
+    (node,) = env.stack.nodes
+    return str(node.settings.node_id)
+
+
+async def assert_no_active_lease(env: AgentStack) -> None:
+    """The stack's pool holds no ACTIVE lease."""
+    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
+    try:
+        active = [x for x in await pool.list_leases() if x.state == pool_pb2.LEASE_STATE_ACTIVE]
+        assert active == [], active
+    finally:
+        await pool.close()

@@ -16,8 +16,10 @@ import time
 import pytest
 from agent_testkit import (
     agent_stack,
+    assert_no_active_lease,
     bundled_tasks,
     check_record,
+    node_of,
     result_of,
     run_to_result,
     sandboxes_left,
@@ -29,7 +31,6 @@ from swerl.agent.toolcalls import get_tool_call_format
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
-from swerl.pool.client import PoolClient
 
 pytestmark = pytest.mark.usefixtures("base_image", "harness_bundle_dir")
 
@@ -52,14 +53,8 @@ def _start(task, url: str, episode_id: str, wall_s: float = 240.0) -> pb.Episode
 
 
 async def _nothing_left(env) -> None:
-    (node,) = env.stack.nodes
-    assert sandboxes_left(str(node.settings.node_id)) == []
-    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
-    try:
-        active = [lease for lease in await pool.list_leases() if lease.state == 1]
-        assert active == [], active
-    finally:
-        await pool.close()
+    assert sandboxes_left(node_of(env)) == []
+    await assert_no_active_lease(env)
 
 
 async def _run_until_requests(env, start, replay, count: int):

@@ -16,6 +16,7 @@ import pytest
 from agent_testkit import (
     TOKENIZER_DIR,
     agent_stack,
+    assert_no_active_lease,
     bundled_tasks,
     result_of,
     run_to_result,
@@ -58,15 +59,6 @@ async def _rest(call) -> list[pb.RunEpisodeResponse]:
     return [message async for message in call]
 
 
-async def _no_leases(stack) -> None:
-    pool = PoolClient(stack.stack.pool_address, token=stack.stack.token)
-    try:
-        active = [lease for lease in await pool.list_leases() if lease.state == 1]
-        assert active == [], active
-    finally:
-        await pool.close()
-
-
 async def test_cancel_ends_the_episode_cancelled_within_one_second_and_releases_the_lease():
     task = bundled_tasks()[0]
     replay = ReplayPolicyServer(_scripts(task, "ls", "sleep 60"))
@@ -86,7 +78,7 @@ async def test_cancel_ends_the_episode_cancelled_within_one_second_and_releases_
             assert not result.HasField("reward") and result.error_reason == "CANCELLED"
             assert elapsed < 1.0, elapsed
             assert len(result.trajectory.response_ids) > 0  # the partial trajectory comes back
-            await _no_leases(env)
+            await assert_no_active_lease(env)
     finally:
         await replay.stop()
     assert sandboxes_left() == []
@@ -152,7 +144,7 @@ async def test_a_node_fault_ends_the_episode_infra_error_at_once_with_the_nodes_
             assert "Docker stopped the sandbox's container (signal 9" in result.error_message
             assert not result.HasField("reward")
             assert elapsed < 5.0, elapsed
-            await _no_leases(env)
+            await assert_no_active_lease(env)
             # This stack's node only: other runs on the shared dockerd use the same prefix.
             node_id = str(env.stack.nodes[0].settings.node_id)
     finally:
@@ -220,7 +212,7 @@ async def test_killed_policy_server_ends_the_episode_infra_error():
             assert result.status == pb.EPISODE_STATUS_INFRA_ERROR, result
             assert result.error_reason == "POLICY_UNAVAILABLE"
             assert not result.HasField("reward")
-            await _no_leases(env)
+            await assert_no_active_lease(env)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

@@ -14,8 +14,10 @@ import openai
 import pytest
 from agent_testkit import (
     agent_stack,
+    assert_no_active_lease,
     bundled_tasks,
     check_record,
+    node_of,
     result_of,
     run_to_result,
     sandboxes_left,
@@ -30,7 +32,6 @@ from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
-from swerl.pool.client import PoolClient
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -150,20 +151,6 @@ def _start(task, url: str, episode_id: str, harness: str, wall_s: float = 180.0)
     return start
 
 
-async def _no_leases(env) -> None:
-    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
-    try:
-        active = [lease for lease in await pool.list_leases() if lease.state == 1]
-        assert active == [], active
-    finally:
-        await pool.close()
-
-
-def _node_of(env) -> str:
-    (node,) = env.stack.nodes
-    return str(node.settings.node_id)
-
-
 async def test_a_harness_session_is_the_episodes_policy_and_its_chain_is_the_sample(
     chat_harness,
 ):
@@ -177,11 +164,11 @@ async def test_a_harness_session_is_the_episodes_policy_and_its_chain_is_the_sam
             start.policy.lora_path = "adapter-7"
             start.policy.sampling_params.update({"sampling_seed": 1234})
             result = result_of(await run_to_result(env.stub, start))
-            await _no_leases(env)
+            await assert_no_active_lease(env)
             gateway = env.agent.runner.gateway
             assert gateway is not None
             session = gateway.store.get(chat_harness.model.session_id)
-            node = _node_of(env)
+            node = node_of(env)
     finally:
         await replay.stop()
     assert result.status == pb.EPISODE_STATUS_SUBMITTED, result.error_message
@@ -224,8 +211,8 @@ async def test_a_policy_down_mid_run_ends_a_harness_episode_infra_error_at_once(
             replay.inject_fault("error", 120.0)
             chat_harness.release.set()
             result = result_of([message async for message in call])
-            await _no_leases(env)
-            node = _node_of(env)
+            await assert_no_active_lease(env)
+            node = node_of(env)
     finally:
         await replay.stop()
     # The harness would retry forever; the episode ends on the gateway's PolicyDown.
@@ -271,8 +258,8 @@ async def test_a_served_gateway_at_its_session_limit_ends_a_harness_episode_infr
         assert env.agent.runner.gateway is env.agent.gateway
         start = _start(task, "http://127.0.0.1:9", "hm-capacity", chat_harness.name)
         result = result_of(await run_to_result(env.stub, start))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
     assert result.error_reason == "GATEWAY_AT_CAPACITY"
     assert "open sessions" in result.error_message

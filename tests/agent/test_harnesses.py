@@ -12,7 +12,9 @@ import grpc
 import pytest
 from agent_testkit import (
     agent_stack,
+    assert_no_active_lease,
     bundled_tasks,
+    node_of,
     result_of,
     run_to_result,
     sandboxes_left,
@@ -27,7 +29,6 @@ from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
-from swerl.pool.client import PoolClient
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -98,21 +99,6 @@ def _start(task, episode_id: str, harness: str, wall_s: float = 120.0) -> pb.Epi
     return start
 
 
-def _node_of(env) -> str:
-    """This stack's node id: other test runs on the shared dockerd use the same prefix."""
-    (node,) = env.stack.nodes
-    return str(node.settings.node_id)
-
-
-async def _no_leases(env) -> None:
-    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
-    try:
-        active = [lease for lease in await pool.list_leases() if lease.state == 1]
-        assert active == [], active
-    finally:
-        await pool.close()
-
-
 async def test_an_unknown_harness_is_invalid_argument_unknown_harness():
     task = bundled_tasks()[0]
     async with agent_stack() as env:
@@ -124,8 +110,8 @@ async def test_an_unknown_harness_is_invalid_argument_unknown_harness():
         # The default by name runs swerl's loop (no policy here: INFRA_ERROR, not a refusal).
         result = result_of(await run_to_result(env.stub, _start(task, "named-builtin", "builtin")))
         assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert sandboxes_left(node) == []
 
 
@@ -146,8 +132,8 @@ async def test_a_harness_submission_is_the_patch_and_is_graded(harness):
     one = harness(["true"], "submit", task.gold_patch)
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, _start(task, "h-submit", one.name)))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert one.prepared and one.cancels == 1
     assert result.status == pb.EPISODE_STATUS_SUBMITTED
     assert result.patch == task.gold_patch.encode()
@@ -163,8 +149,8 @@ async def test_a_harness_that_fails_is_harness_failed_graded_on_its_sandbox(harn
     start.options.artifact_dir = str(tmp_path)
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, start))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     # The harness's own log is kept beside traj.json; meta.json names the harness.
     (directory,) = tmp_path.iterdir()
     assert (directory / "harness.log").read_bytes().strip() == b"harness-said-this"
@@ -184,8 +170,8 @@ async def test_a_harness_killed_mid_run_is_harness_failed_and_leaves_nothing(har
     one = harness(["echo x >> README.md; kill -9 $$", "echo never >> README.md"], "diff", "")
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, _start(task, "h-killed", one.name)))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED
     assert result.error_reason == "HARNESS_FAILED"
     assert "killed by signal 9" in result.error_message
@@ -204,8 +190,8 @@ async def test_a_harness_that_never_exits_is_stopped_at_its_budget_harness_timeo
         start = _start(task, "h-hang", one.name, wall_s=4.0)
         result = result_of(await run_to_result(env.stub, start))
         elapsed = loop.time() - began
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT
     assert b"README.md" in result.patch and result.reward == -1.0
     assert one.cancels == 1
@@ -234,8 +220,8 @@ async def test_a_harness_that_eats_its_budget_is_graded_within_it(harness):
     start.limits.eval_timeout.CopyFrom(duration_pb(600.0))
     async with agent_stack() as env:
         messages = await run_to_result(env.stub, start)
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     (started,) = [m.started for m in messages if m.HasField("started")]
     result = result_of(messages)
     assert result.status == pb.EPISODE_STATUS_HARNESS_TIMEOUT, result.error_message
@@ -262,8 +248,8 @@ async def test_a_grading_past_the_budget_ends_infra_error_grading_over_budget(ha
     budget_s = 12.0
     async with agent_stack() as env:
         messages = await run_to_result(env.stub, _start(task, "h-over", one.name, wall_s=budget_s))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     (started,) = [m.started for m in messages if m.HasField("started")]
     result = result_of(messages)
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR, result.error_message
@@ -315,8 +301,8 @@ async def test_an_abort_during_a_harness_run_stops_it_at_once(harness):
         await call.write(pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="rollout aborted")))
         messages = [message async for message in call]
         took = loop.time() - sent
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     result = result_of(messages)
     assert result.status == pb.EPISODE_STATUS_CANCELLED
     assert result.error_message == "rollout aborted" and not result.HasField("reward")
@@ -330,8 +316,8 @@ async def test_an_infra_failure_under_a_harness_is_infra_error_with_no_reward(ha
     one = harness(["echo x >> README.md"], "infra", "")
     async with agent_stack() as env:
         result = result_of(await run_to_result(env.stub, _start(task, "h-infra", one.name)))
-        await _no_leases(env)
-        node = _node_of(env)
+        await assert_no_active_lease(env)
+        node = node_of(env)
     assert result.status == pb.EPISODE_STATUS_INFRA_ERROR
     assert result.error_reason == "MODEL_UNREACHABLE"
     assert not result.HasField("reward") and not result.HasField("report")

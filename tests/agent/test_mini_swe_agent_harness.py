@@ -21,8 +21,10 @@ from urllib.request import urlopen
 import pytest
 from agent_testkit import (
     agent_stack,
+    assert_no_active_lease,
     bundled_tasks,
     check_record,
+    node_of,
     result_of,
     run_to_result,
     sandboxes_left,
@@ -39,7 +41,6 @@ from swerl.agent.replay import (
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
-from swerl.pool.client import PoolClient
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -51,20 +52,6 @@ def _start(task, url: str, episode_id: str, *, wall_s: float = 300.0, command_s:
     start.options.harness = HARNESS
     start.limits.wall_timeout.CopyFrom(duration_pb(wall_s))
     return start
-
-
-async def _no_leases(env) -> None:
-    pool = PoolClient(env.stack.pool_address, token=env.stack.token)
-    try:
-        active = [lease for lease in await pool.list_leases() if lease.state == 1]
-        assert active == [], active
-    finally:
-        await pool.close()
-
-
-def _node_of(env) -> str:
-    (node,) = env.stack.nodes
-    return str(node.settings.node_id)
 
 
 async def _until(predicate, timeout_s: float) -> None:
@@ -89,8 +76,8 @@ async def _episode_stack(replay: ReplayPolicyServer) -> AsyncIterator[tuple[Any,
     try:
         async with agent_stack() as env:
             yield env, url
-            await _no_leases(env)
-            node = _node_of(env)
+            await assert_no_active_lease(env)
+            node = node_of(env)
     finally:
         await replay.stop()
     assert sandboxes_left(node) == []

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import docker
 import pytest
+from exec_testkit import containers_of, remove_containers_of
 
 from swerl.chassis.client import make_channel
 from swerl.exec.client import SandboxClient
@@ -33,19 +33,6 @@ def node_settings(tmp_path: Path, **overrides) -> ExecSettings:
     )
     values.update(overrides)
     return ExecSettings(**values)
-
-
-def containers_of(node_id: str) -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
-    finally:
-        client.close()
-
-
-def remove_containers_of(node_id: str) -> None:
-    for container in containers_of(node_id):
-        container.remove(force=True)
 
 
 class RunningNode:

@@ -159,6 +159,21 @@ def surviving(ps_output: bytes, needle: bytes) -> list[bytes]:
     return [line for line in ps_output.splitlines() if needle in line]
 
 
+def containers_of(node_id: str) -> list[Any]:
+    """The containers the exec node `node_id` made, running or not."""
+    client = docker.from_env()
+    try:
+        return list(client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"}))
+    finally:
+        client.close()
+
+
+def remove_containers_of(node_id: str) -> None:
+    """Removes every container the exec node `node_id` made (a test's own node only)."""
+    for container in containers_of(node_id):
+        container.remove(force=True)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

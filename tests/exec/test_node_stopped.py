@@ -14,7 +14,7 @@ import uuid
 
 import docker
 import grpc
-from exec_testkit import RPC_TIMEOUT_S, ExecStream, NodeProcess, rpc_error
+from exec_testkit import RPC_TIMEOUT_S, ExecStream, NodeProcess, remove_containers_of, rpc_error
 
 from swerl.exec.client import NODE_CHANNEL_OPTIONS, exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
@@ -36,17 +36,6 @@ def _top(sandbox_id: str) -> str:
     client = docker.from_env()
     try:
         return str(client.api.top(f"swerl-{sandbox_id}"))
-    finally:
-        client.close()
-
-
-def _remove_containers_of(node_id: str) -> None:
-    client = docker.from_env()
-    try:
-        for container in client.containers.list(
-            all=True, filters={"label": f"swerl.node={node_id}"}
-        ):
-            container.remove(force=True)
     finally:
         client.close()
 
@@ -119,4 +108,4 @@ async def test_a_node_stopped_for_10s_tells_its_exec_and_get_diff_callers_within
         with contextlib.suppress(ProcessLookupError):
             os.kill(node.process.pid, signal.SIGCONT)
         await node.kill()
-        await asyncio.to_thread(_remove_containers_of, node_id)
+        await asyncio.to_thread(remove_containers_of, node_id)

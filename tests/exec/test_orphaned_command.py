@@ -11,7 +11,7 @@ import uuid
 
 import docker
 import pytest
-from exec_testkit import RPC_TIMEOUT_S, NodeProcess
+from exec_testkit import RPC_TIMEOUT_S, NodeProcess, remove_containers_of
 
 from swerl.exec.v1 import sandbox_pb2 as pb
 
@@ -26,17 +26,6 @@ def _in_container(sandbox_id: str, script: str) -> int:
     try:
         container = client.containers.get(f"swerl-{sandbox_id}")
         return int(container.exec_run(["bash", "-c", script]).exit_code)
-    finally:
-        client.close()
-
-
-def _remove_containers_of(node_id: str) -> None:
-    client = docker.from_env()
-    try:
-        for container in client.containers.list(
-            all=True, filters={"label": f"swerl.node={node_id}"}
-        ):
-            container.remove(force=True)
     finally:
         client.close()
 
@@ -88,4 +77,4 @@ async def test_a_command_whose_node_was_killed_is_ended_when_the_restarted_node_
     finally:
         for node in nodes:
             await node.kill()
-        await asyncio.to_thread(_remove_containers_of, node_id)
+        await asyncio.to_thread(remove_containers_of, node_id)
