@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from exec_testkit import containers_of, remove_containers_of
 
 from swerl.chassis.client import make_channel
 from swerl.exec.client import SandboxClient
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
 from swerl.exec.v1 import sandbox_pb2 as pb
+from tests.exec.exec_testkit import containers_of, remove_containers_of
 
 TOKEN = "test-token"
 
