@@ -300,7 +300,9 @@ class DockerBackend:
         """The last signal Docker itself sent the container since `since` (a wall-clock time):
         `docker kill`, `docker stop` or `restart`, or a dockerd stopping its containers as it
         stops or restarts. None when Docker sent none (whatever ended the container came from
-        inside it). Docker records each such kill as an event before it delivers the signal."""
+        inside it). Docker logs each such kill as an event just after it delivered the signal:
+        a caller that saw the container's processes die may need to ask again
+        (SandboxShell.stopped_by_docker does)."""
 
         def last_kill() -> int | None:
             events = self._api.events(

@@ -3,8 +3,10 @@ start messages for the bundled tasks, and the token invariants every record must
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -49,6 +51,14 @@ async def agent_stack(
             channel = make_channel(agent.address, token=stack.token)
             try:
                 yield AgentStack(stack, agent, agent_pb2_grpc.AgentServiceStub(channel), channel)
+            except BaseException:
+                # A test that failed midway leaves its sandboxes to no one once its stack is gone:
+                # they go with it, so the next test starts on a clean dockerd (its own
+                # no-sandbox-left checks would otherwise fail for this one).
+                await asyncio.to_thread(
+                    remove_sandboxes_of, [str(n.settings.node_id) for n in stack.nodes]
+                )
+                raise
             finally:
                 await channel.close()
 
@@ -118,6 +128,37 @@ def check_record(record: pb.TokenRecord, replay: ReplayPolicyServer | None = Non
         else:
             assert abs(logprob - replay_logprob(position)) < 1e-6
             position += 1
+
+
+def remove_sandboxes_of(node_ids: list[str]) -> None:
+    """Removes every container of these nodes (what a failed test left behind)."""
+    for node_id in node_ids:
+        ids = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label=swerl.node={node_id}"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+
+
+async def until_running(sandbox_id: str, command: str, timeout_s: float = 60.0) -> None:
+    """Waits until `command` runs inside the sandbox's container (`docker top`), so that a fault
+    injected next lands under that command rather than between two commands: a container killed
+    while idle is started again by the next command, which is another test."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        top = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "top", f"swerl-{sandbox_id}", "-o", "pid,args"],
+            capture_output=True,
+            text=True,
+        )
+        processes = [line.split(None, 1) for line in top.stdout.splitlines()[1:]]
+        if any(len(p) == 2 and command in p[1] for p in processes):
+            return
+        assert time.monotonic() < deadline, f"{command!r} never ran in {sandbox_id}: {top}"
+        await asyncio.sleep(0.05)
 
 
 def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:

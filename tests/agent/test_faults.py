@@ -22,6 +22,7 @@ from agent_testkit import (
     run_to_result,
     sandboxes_left,
     start_for,
+    until_running,
 )
 
 from swerl.agent.replay import ReplayPolicyServer, script_key
@@ -55,8 +56,14 @@ async def _until(call, kind: str) -> list[pb.RunEpisodeResponse]:
             return seen
 
 
-async def _rest(call) -> list[pb.RunEpisodeResponse]:
-    return [message async for message in call]
+async def _rest(call, within_s: float = 60.0) -> list[pb.RunEpisodeResponse]:
+    """The rest of the episode's stream; a test fails in a minute rather than at pytest's
+    timeout when the episode does not end (a fault that went unnoticed)."""
+
+    async def rest() -> list[pb.RunEpisodeResponse]:
+        return [message async for message in call]
+
+    return await asyncio.wait_for(rest(), within_s)
 
 
 async def test_cancel_ends_the_episode_cancelled_within_one_second_and_releases_the_lease():
@@ -66,8 +73,8 @@ async def test_cancel_ends_the_episode_cancelled_within_one_second_and_releases_
     try:
         async with agent_stack() as env:
             call = await _open(env.stub, start_for(task, url, "cancel-1"))
-            await _until(call, "turn")  # the second command (sleep 60) is running now
-            await asyncio.sleep(0.5)
+            started = (await _until(call, "started"))[-1].started
+            await until_running(started.sandbox_id, "sleep 60")
             sent = time.monotonic()
             await call.write(
                 pb.RunEpisodeRequest(cancel=pb.EpisodeCancel(reason="rollout aborted"))
@@ -91,8 +98,8 @@ async def test_killed_exec_node_ends_the_episode_infra_error_within_three_second
     try:
         async with agent_stack() as env:
             call = await _open(env.stub, start_for(task, url, "node-kill"))
-            await _until(call, "turn")
-            await asyncio.sleep(0.5)
+            started = (await _until(call, "started"))[-1].started
+            await until_running(started.sandbox_id, "sleep 60")
             killed = time.monotonic()
             await env.stack.nodes[0].stop(0)
             result = result_of(await _rest(call))
@@ -126,8 +133,7 @@ async def test_a_node_fault_ends_the_episode_infra_error_at_once_with_the_nodes_
         async with agent_stack() as env:
             call = await _open(env.stub, start_for(task, url, "node-fault"))
             started = (await _until(call, "started"))[-1].started
-            await _until(call, "turn")  # the second command (sleep 60) is running now
-            await asyncio.sleep(0.5)
+            await until_running(started.sandbox_id, "sleep 60")
             # Docker stops the sandbox's container under the command (as `docker kill` does,
             # or a dockerd restarting): the node says so, and the episode ends with its words.
             stopped = time.monotonic()

@@ -46,6 +46,12 @@ STOP_POLL_S = 0.02
 # When a supervisor dies under a command, how long dockerd gets to say whether it stopped the
 # container itself (a dockerd that does not answer in time has gone away).
 GONE_ASK_S = 2.0
+# Docker logs its "kill" event just after the signal is delivered (measured on 20.10: the event
+# can be stamped after the container's processes ended), so a supervisor killed by it can be
+# seen dead before the event exists. With no kill on record yet, the node watches the container
+# this long for the stop Docker's kill brings, then asks again KILL_LOG_GRACE_S after the stop.
+KILL_SETTLE_S = 0.5
+KILL_LOG_GRACE_S = 0.2
 
 
 class SandboxShell:
@@ -102,6 +108,11 @@ class SandboxShell:
             signal = await asyncio.wait_for(
                 self._backend.kill_signal(self.container_id, since), GONE_ASK_S
             )
+            if signal is None and await self._stops_within(KILL_SETTLE_S):
+                await asyncio.sleep(KILL_LOG_GRACE_S)
+                signal = await asyncio.wait_for(
+                    self._backend.kill_signal(self.container_id, since), GONE_ASK_S
+                )
         except (DockerUnavailable, asyncio.TimeoutError) as exc:
             why = exc.message if isinstance(exc, DockerUnavailable) else "no answer"
             return DockerUnavailable(
@@ -120,6 +131,19 @@ class SandboxShell:
             container_id=self.container_id[:12],
             signal=signal,
         )
+
+    async def _stops_within(self, seconds: float) -> bool:
+        """Whether Docker says the container stopped (or is gone) within `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            state = await asyncio.wait_for(
+                self._backend.container_state(self.container_id), GONE_ASK_S
+            )
+            if state is None or not state.running:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(STOP_POLL_S)
 
     async def _settled_state(self, failure: ShellUnavailable) -> ContainerState | None:
         """Docker's state of the container after a shell did not start. When Docker refused the
