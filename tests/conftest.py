@@ -22,10 +22,16 @@ def _docker_ready() -> str | None:
 
 @pytest.fixture(scope="session")
 def base_image() -> str:
+    """The base image on a ready dockerd, and the bundled example tasks' images built on it
+    (the episodes of the agent, plugin and soak tests lease them; a new machine has none, and
+    an image already present is kept, so this costs seconds once)."""
     problem = _docker_ready()
     if problem:
         # CI runs deploy/docker-up.sh first; a missing Docker there is a failure, not a skip.
         pytest.fail(problem)
+    from swerl.tasks import build_images, default_tasks_dir, load_tasks
+
+    build_images(load_tasks(default_tasks_dir()), base_image=BASE_IMAGE, progress=lambda _: None)
     return BASE_IMAGE
 
 
@@ -42,3 +48,26 @@ def harness_bundle_dir():
     package = HARNESS_PACKAGES["claude-code"]
     HarnessBundles(root).build_blocking(package, package.default_version)
     return root
+
+
+# -- what a run that dies tells --------------------------------------------------------------
+# A process that dies of a signal (a crash in native code, the OOM killer) prints no summary: the
+# failures before it and the test it died in would be lost. With SWERL_TEST_PROGRESS set to a
+# file, each test is written there as it starts and each failure as it is reported, so
+# scripts/test can say what happened (it sets the variable and prints the file on such a death).
+_PROGRESS = os.environ.get("SWERL_TEST_PROGRESS", "")
+
+
+def _progress(line: str) -> None:
+    with open(_PROGRESS, "a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    if _PROGRESS:
+        _progress(f"started {nodeid}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _PROGRESS and report.failed:
+        _progress(f"FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}")
