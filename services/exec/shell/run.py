@@ -138,6 +138,9 @@ class CommandRun:
         self._stdin_fd: int | None = None
         self._stdin_ready: asyncio.Event | None = asyncio.Event() if spec.open_stdin else None
         self._opening: asyncio.Future[int] | None = None
+        # Set when the run ended with the stdin FIFO's open still pending: its done callback
+        # then closes what the open returns, and nothing else may.
+        self._opening_orphaned = False
         # Built (and validated) now, so a bad command fails before it waits for the shell.
         stdin_path = f"{CONTAINER_IO_DIR}/{self._stdin_fifo.name}" if self._stdin_fifo else ""
         self._line = frame(
@@ -422,7 +425,8 @@ class CommandRun:
         if opening is not None and not opening.done() and self._stdin_fifo is not None:
             # A thread still blocked opening the stdin FIFO returns once a reader shows up.
             unblock_fifo(self._stdin_fifo)
-            opening.add_done_callback(_close_opened)
+            opening.add_done_callback(_close_opened)  # the one owner of what it opens now
+            self._opening_orphaned = True
         if self._stdin_fifo is not None:
             with contextlib.suppress(OSError):
                 self._stdin_fifo.unlink()
@@ -485,7 +489,9 @@ class CommandRun:
         finally:
             finished.cancel()
         if opening.done() and not opening.cancelled() and opening.exception() is None:
-            if self._state == _FINISHED:
+            if self._opening_orphaned:
+                pass  # _close_opened closes it: a second close could hit a reused descriptor
+            elif self._state == _FINISHED:
                 os.close(opening.result())
             else:
                 self._stdin_fd = opening.result()
