@@ -54,23 +54,46 @@ class Face:
 
         return self.call(listed())
 
+    def node_ids(self) -> list[str]:
+        """The exec nodes of this face's pool."""
+
+        async def listed() -> list[str]:
+            return [node.node_id for node in await self.face.registry.pool.list_nodes()]
+
+        return self.call(listed())
+
+    def containers(self) -> list[str]:
+        """The E2B sandboxes' containers of this face's nodes (not another face's on the same
+        dockerd)."""
+        return e2b_containers(self.node_ids())
+
     def assert_nothing_left(self) -> None:
         """No lease of the face is live in the pool and no container of it is on dockerd."""
         deadline = time.monotonic() + 30
-        while (self.live_leases() or e2b_containers()) and time.monotonic() < deadline:
+        while (self.live_leases() or self.containers()) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self.live_leases() == []
-        assert e2b_containers() == []
+        assert self.containers() == []
 
 
-def e2b_containers() -> list[str]:
+def e2b_containers(node_ids: list[str]) -> list[str]:
+    """The E2B sandboxes' containers on dockerd of these nodes."""
     out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", "label=swerl.user.e2b.template"],
+        [
+            "docker",
+            "ps",
+            "-a",
+            "--filter",
+            "label=swerl.user.e2b.template",
+            "--format",
+            '{{.ID}} {{.Label "swerl.node"}}',
+        ],
         capture_output=True,
         text=True,
         check=True,
     )
-    return out.stdout.split()
+    rows = [row.split() for row in out.stdout.splitlines()]
+    return [row[0] for row in rows if len(row) == 2 and row[1] in node_ids]
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ import os
 import time
 
 import pytest
-from conftest import IMAGE_KEY, Face, e2b_containers
+from conftest import IMAGE_KEY, Face
 from e2b import CommandExitException, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.docker
 def test_a_sandbox_runs_streams_and_keeps_files_then_leaves_nothing(face: Face, base_image: str):
     sandbox = Sandbox.create(base_image, timeout=120, metadata={"suite": "sync"}, **face.opts)
     assert sandbox.sandbox_id.startswith("lse-")
-    assert len(e2b_containers()) == 1
+    assert len(face.containers()) == 1
 
     result = sandbox.commands.run("echo hi; echo oops >&2")
     assert (result.stdout, result.stderr, result.exit_code) == ("hi\n", "oops\n", 0)
