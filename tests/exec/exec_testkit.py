@@ -235,7 +235,10 @@ class NodeProcess:
             await asyncio.sleep(0.1)
 
     async def kill(self) -> None:
-        await self.channel.close(grace=None)
+        # The process dies first: a channel closed first cancels the calls in flight, and a node
+        # that saw the cancel before its SIGKILL ends their commands as for a caller gone, which
+        # is not a node killed under them.
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(self.process.wait)
+        await self.channel.close(grace=None)
