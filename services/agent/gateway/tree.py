@@ -57,9 +57,8 @@ class CallNode:
     def extended(self, ids: Sequence[int]) -> array[int]:
         """A child's prompt: this call's prompt and sampled ids, then `ids` (one copy of the
         history, no comparison: such a prompt extends this call by construction)."""
-        out = self.prompt_ids + self.output_ids
-        out.extend(ids)
-        return out
+        # The short tail first, then one allocation and copy of the long prompt.
+        return self.prompt_ids + (self.output_ids + array("i", ids))
 
     def path(self) -> list[CallNode]:
         out: list[CallNode] = []
