@@ -245,7 +245,11 @@ class SglangPolicy:
         self._attempts = connect_attempts
         self._max_delay_s = connect_max_delay_s
         self._sent = array("i")
-        self._sent_json = ""
+        # The sent ids' JSON in pieces, one per call (each after the first starts with a comma):
+        # joined only into the body, so a long prompt's JSON is not copied into a new string at
+        # every step (a copy of a large string costs its page faults too: ~0.2 ms per 200 KB
+        # measured, against ~0.01 ms to write it into an allocated buffer).
+        self._sent_json: tuple[bytes, ...] = ()
         # Building a retry policy costs more than a turn's bookkeeping: the agent passes one
         # shared template, copied once per policy. An episode's calls come one at a time, and
         # reusing one copy leaves no garbage, while a copy per call left ~28 objects in
@@ -270,19 +274,18 @@ class SglangPolicy:
         ids = token_array(input_ids)
         sent = self._sent
         if sent and len(ids) >= len(sent) and ids[: len(sent)] == sent:
-            new = ids[len(sent) :]
-            ids_json = self._sent_json + ("," if new else "") + ",".join(map(str, new))
+            pieces = self._sent_json
+            if len(ids) > len(sent):
+                new = ",".join(map(str, ids[len(sent) :]))
+                pieces = (*pieces, ("," + new if pieces else new).encode())
         else:
-            ids_json = ",".join(map(str, ids))
-        self._sent, self._sent_json = ids, ids_json
+            pieces = (",".join(map(str, ids)).encode(),) if ids else ()
+        self._sent, self._sent_json = ids, pieces
         params = json.dumps(
             {**self._params, "max_new_tokens": max_new_tokens}, separators=(",", ":")
         )
-        body = (
-            f'{{"input_ids":[{ids_json}],"sampling_params":{params},"return_logprob":true'
-            f"{self._extra}}}"
-        )
-        return body.encode()
+        tail = f'],"sampling_params":{params},"return_logprob":true{self._extra}}}'
+        return b"".join((b'{"input_ids":[', *pieces, tail.encode()))
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
         body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)

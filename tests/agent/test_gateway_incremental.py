@@ -84,6 +84,23 @@ def test_a_rewritten_history_reuses_only_the_unchanged_prefix() -> None:
     assert reader.decode(shorter) == json.loads(shorter)
 
 
+def test_a_change_inside_a_multibyte_character_reuses_only_the_messages_before_it() -> None:
+    # The prefix is found on the bytes: "\u00e9" and "\u00e8" differ in their second UTF-8 byte
+    # only, so the first differing byte lies inside a character; the messages before it are
+    # reused, that one and all after it are decoded, and the next body resumes at the right byte.
+    reader = BodyReader()
+    reader.decode(_body(_history(4)))
+    changed = _history(4)
+    changed[4]["content"] = changed[4]["content"].replace("\u00e9", "\u00e8")
+    raw = _body(changed)
+    assert reader.decode(raw) == json.loads(raw)
+    assert reader.reused_messages == 4
+    changed.append({"role": "user", "content": "\u4e2d\u00e8 more"})
+    raw = _body(changed)
+    assert reader.decode(raw) == json.loads(raw)
+    assert reader.reused_messages == len(changed) - 1
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -97,6 +97,29 @@ def test_request_body_is_the_same_for_lists_and_int32_arrays() -> None:
         assert policy._body(array("i", ids), 64) == from_list._body(ids, 64)
 
 
+def test_request_bodies_of_extended_repeated_trimmed_and_reseeded_prompts_carry_exact_ids() -> None:
+    # Each body reuses the JSON pieces of the prompt sent before when the new prompt extends it;
+    # every body's ids must still be exactly its prompt, whatever came before.
+    policy = SglangPolicy(None, "http://h:1", {}, request_timeout_s=5)  # type: ignore[arg-type]
+    prompts = [
+        [1],
+        [1, 2, 3],
+        [1, 2, 3],  # the same prompt again
+        [1, 2, 3, 40, 50],
+        [1, 2, 3, 40, 50, 6],
+        [],
+        [7, 8],  # after an empty one
+        [1, 2, 3, 40, 50, 6, 7],  # not an extension of the last prompt
+        [1, 2],  # a trimmed one
+    ]
+    for ids in prompts:
+        assert json.loads(policy._body(array("i", ids), 8))["input_ids"] == ids
+    twin = policy.reseeded(3)  # shares the sent pieces, then each goes its own way
+    assert json.loads(twin._body([1, 2, 5], 8))["input_ids"] == [1, 2, 5]
+    assert json.loads(policy._body([1, 2, 4], 8))["input_ids"] == [1, 2, 4]
+    assert json.loads(twin._body([1, 2, 5, 6], 8))["input_ids"] == [1, 2, 5, 6]
+
+
 async def test_policy_calls_leave_no_reference_cycles_behind() -> None:
     # Garbage in cycles is freed only by the cyclic collector, whose pauses stall the agent's
     # event loop: a turn must leave none (tenacity's state, once copied per call, did).

@@ -4,9 +4,9 @@ A harness re-sends its whole conversation each call, so decoding the JSON, conve
 messages and hashing them grows with the history. Three caches, one per session and protocol,
 keep each call's Python work proportional to its new messages:
 
-- BodyReader: the request body's bytes are compared (memcmp) with the previous body's; the
-  messages whose JSON lies wholly in the common prefix are taken from the previous decode, and
-  only the rest of the body is decoded.
+- BodyReader: the request body's bytes are compared (memcmp, no copy) with the previous body's;
+  the messages whose JSON lies wholly in the common prefix are taken from the previous decode,
+  and only the bytes after them are decoded.
 - MessageMemo: a raw message that is the very object of the previous request (so it came from
   that byte-identical prefix) keeps its converted message(s) and match key(s).
 - DigestMemo: the rolling digests of an unchanged key prefix are kept.
@@ -52,13 +52,17 @@ def _expect(text: str, pos: int, char: str) -> int:
     return pos + 1
 
 
-# The previous body: its text, the members before "messages" (decoded), the decoded messages and
-# the offset where each message's JSON ends.
-_BodyState = tuple[str, dict[str, Any], list[Any], list[int]]
+# The previous body: its bytes, the members before "messages" (decoded), the decoded messages and
+# the byte offset where each message's JSON ends.
+_BodyState = tuple[bytes, dict[str, Any], list[Any], list[int]]
 
 
 class BodyReader:
-    """Decodes one session's request bodies (a top-level object with a "messages" array)."""
+    """Decodes one session's request bodies (a top-level object with a "messages" array).
+
+    The unchanged prefix is found on the bytes (`bytes.startswith` over a memoryview of the
+    previous body: one memcmp, no copy) and only the bytes after it are decoded to text: a
+    history's re-sent part costs a compare, not a UTF-8 decode, two slices and a compare."""
 
     def __init__(self) -> None:
         self._state: _BodyState | None = None
@@ -66,8 +70,10 @@ class BodyReader:
 
     def decode(self, raw: bytes) -> Any:
         try:
-            text = raw.decode("utf-8")
-            body, state = self._parse(text, self._resume(text))
+            resume = self._resume(raw)
+            start = resume[2][-1] if resume is not None else 0
+            text = raw[start:].decode("utf-8") if start else raw.decode("utf-8")
+            body, state = self._parse(raw, text, start, resume)
         except (_Unparsed, UnicodeDecodeError):
             # The previous body stays the reference: one bad request spoils no later reuse.
             self.reused_messages = 0
@@ -75,20 +81,21 @@ class BodyReader:
         self._state = state
         return body
 
-    def _resume(self, text: str) -> tuple[dict[str, Any], list[Any], list[int]] | None:
+    def _resume(self, raw: bytes) -> tuple[dict[str, Any], list[Any], list[int]] | None:
         """The previous body's head and the longest run of messages whose bytes are unchanged."""
         state = self._state
         if state is None or not state[3]:
             return None
         old, head, messages, ends = state
+        view = memoryview(old)
         lo, hi = 0, len(ends)
-        if text[: ends[-1]] == old[: ends[-1]]:
+        if raw.startswith(view[: ends[-1]]):
             lo = hi
         else:  # prefix equality is monotone in the offset: binary search the last equal end
             hi -= 1
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if text[: ends[mid - 1]] == old[: ends[mid - 1]]:
+                if raw.startswith(view[: ends[mid - 1]]):
                     lo = mid
                 else:
                     hi = mid - 1
@@ -97,8 +104,15 @@ class BodyReader:
         return head, messages[:lo], ends[:lo]
 
     def _parse(
-        self, text: str, resume: tuple[dict[str, Any], list[Any], list[int]] | None
+        self,
+        raw: bytes,
+        text: str,
+        start: int,
+        resume: tuple[dict[str, Any], list[Any], list[int]] | None,
     ) -> tuple[Any, _BodyState]:
+        """Parse `text`, the body's bytes from `start` on (0, or the end of the last reused
+        message). Message ends are recorded as offsets into `text` and turned into byte
+        offsets at the end."""
         head: dict[str, Any] = {}
         messages: list[Any] = []
         ends: list[int] = []
@@ -109,14 +123,15 @@ class BodyReader:
             body = {}
             pos = _skip(text, pos)
             if text[pos : pos + 1] == "}":
-                return self._finish(text, pos + 1, body, head, messages, ends)
+                return self._finish(raw, text, start, pos + 1, body, head, messages, [], ends)
             in_messages = False
+            kept: list[int] = []
         else:
-            head, messages, ends = dict(resume[0]), list(resume[1]), list(resume[2])
+            head, messages, kept = dict(resume[0]), list(resume[1]), resume[2]
             self.reused_messages = len(messages)
             body = dict(head)
             body["messages"] = messages
-            pos = ends[-1]
+            pos = 0
             in_messages = True
         while True:
             if in_messages:
@@ -147,7 +162,7 @@ class BodyReader:
                 pos += 1
                 continue
             pos = _expect(text, pos, "}")
-            return self._finish(text, pos, body, head, messages, ends)
+            return self._finish(raw, text, start, pos, body, head, messages, kept, ends)
 
     @staticmethod
     def _messages(text: str, pos: int, messages: list[Any], ends: list[int]) -> int:
@@ -163,16 +178,33 @@ class BodyReader:
 
     @staticmethod
     def _finish(
+        raw: bytes,
         text: str,
+        start: int,
         pos: int,
         body: dict[str, Any],
         head: dict[str, Any],
         messages: list[Any],
+        kept: list[int],
         ends: list[int],
     ) -> tuple[Any, _BodyState]:
+        """`kept`: byte offsets of the reused messages' ends; `ends`: offsets into `text` of
+        the messages decoded now."""
         if _skip(text, pos) != len(text):
             raise _Unparsed  # extra data: json.loads words the error
-        return body, (text, head, messages, ends)
+        return body, (raw, head, messages, [*kept, *_byte_offsets(text, start, ends)])
+
+
+def _byte_offsets(text: str, start: int, ends: Sequence[int]) -> list[int]:
+    """Offsets into `text` as offsets into the UTF-8 body it was decoded from at `start`."""
+    if text.isascii():  # one byte per character (a flag of the string: no scan)
+        return [start + end for end in ends]
+    out, at, byte = [], 0, start
+    for end in ends:
+        byte += len(text[at:end].encode("utf-8"))
+        out.append(byte)
+        at = end
+    return out
 
 
 # One converted raw message: the chat-template messages it became and their match keys.

@@ -335,9 +335,8 @@ class SessionStore:
         if parent is not None:
             ended = bool(parent.output_ids) and parent.output_ids[-1] == renderer.end_of_turn_id
             delta = await self._cpu(renderer.delta, conv.messages[start:], ended)
-            prompt = parent.tokens()
-            reused = len(prompt)
-            prompt.extend(delta)
+            reused = parent.token_count()
+            prompt = parent.extended(delta)
         else:
             prompt = array("i", await self._cpu(renderer.full, conv.messages, conv.tools))
             parent = session.tree.longest_token_prefix(prompt)

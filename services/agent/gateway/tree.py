@@ -14,10 +14,13 @@ from __future__ import annotations
 import enum
 import time
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from swerl.agent.tokens import TokenRecordData
+
+# Ids at the end of a parent's tokens that a child's prompt is checked against when recorded.
+_SEAM = 16
 
 
 class CallKind(enum.Enum):
@@ -51,9 +54,11 @@ class CallNode:
     def token_count(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
-    def tokens(self) -> array[int]:
-        """Prompt and sampled ids: what a child's prompt starts with."""
-        return self.prompt_ids + self.output_ids
+    def extended(self, ids: Sequence[int]) -> array[int]:
+        """A child's prompt: this call's prompt and sampled ids, then `ids` (one copy of the
+        history, no comparison: such a prompt extends this call by construction)."""
+        # The short tail first, then one allocation and copy of the long prompt.
+        return self.prompt_ids + (self.output_ids + array("i", ids))
 
     def path(self) -> list[CallNode]:
         out: list[CallNode] = []
@@ -106,7 +111,13 @@ class CallTree:
         if parent is None:
             kind = CallKind.ROOT
         else:
-            if prompt_ids[: parent.token_count()] != parent.tokens():
+            # The caller built the prompt as parent.extended(...) or found the parent as its
+            # token prefix (longest_token_prefix compares every id): here only the seam is
+            # checked, in time independent of the history (a whole compare was an O(history)
+            # copy and compare on the event loop every call).
+            n = parent.token_count()
+            seam = parent.output_ids[-_SEAM:] if parent.output_ids else parent.prompt_ids[-_SEAM:]
+            if len(prompt_ids) < n or prompt_ids[n - len(seam) : n] != seam:
                 raise AssertionError("a call's prompt does not extend its parent's tokens")
             kind = CallKind.FORK if parent.children else CallKind.EXTEND
         node = CallNode(
