@@ -13,6 +13,9 @@ takes a second lease of the same image from the face's pool. Then it measures th
   (b) swerl's ExecCommands through `swerl.exec.client`'s CommandStream on the second lease (the
       way swerl's own clients run commands),
   (c) `docker exec` through the Docker SDK (`container.exec_run`) on the E2B sandbox's container,
+  (d) the face's own launch command for `echo hi` (swerl.e2b.scripts, as the face sends it) over
+      the same CommandStream as (b): the sandbox's share of (a), without HTTP, the SDK or the
+      face's Python; (a) - (d) is what those add, (d) - (b) what the detached launch adds,
 
 and prints p50/p99 of each, the face's overhead over ExecCommands (target: within 3 ms at p50)
 and docker exec's p50 over the face's (target: at least 10x). It reports; it does not assert.
@@ -50,11 +53,15 @@ import psutil
 from e2b import Sandbox
 
 from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
+from swerl.e2b.scripts import cleanup_command, job_spec, launch_command
 from swerl.pool.client import PoolClient
 
 FACE_START_TIMEOUT_S = 120.0
 # Commands of each path per interleaved round.
 ROUND = 20
+# What the face launches for the SDK's `commands.run("echo hi")`, and its report's read cap.
+LAUNCH_JOB = job_spec("/bin/bash", ["-l", "-c", "echo hi"], None)
+LAUNCH_CAP = 1 << 20
 
 
 def free_port() -> int:
@@ -130,6 +137,7 @@ class ExecCommandsBaseline:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.stack = contextlib.AsyncExitStack()
+        self.launches = 0
         self.lease = self._call(self._open(pool_address, token, image))
 
     def _call(self, coro: Any) -> Any:
@@ -147,16 +155,24 @@ class ExecCommandsBaseline:
         )
         return lease
 
-    async def _timed(self, count: int) -> list[float]:
-        samples = []
+    async def _timed(self, count: int, launch: bool) -> list[float]:
+        samples, records = [], []
         for _ in range(count):
+            command = "echo hi"
+            if launch:
+                self.launches += 1
+                records.append(f"bench-{self.launches}")
+                command = launch_command(LAUNCH_JOB, records[-1], False, LAUNCH_CAP)
             started = time.perf_counter()
-            await self.stream.run("echo hi")
+            await self.stream.run(command)
             samples.append((time.perf_counter() - started) * 1000)
+        if records:  # the face removes a batch of ended processes' files off the path too
+            await self.stream.run(cleanup_command(records))
         return samples
 
-    def samples(self, count: int) -> list[float]:
-        return self._call(self._timed(count))
+    def samples(self, count: int, *, launch: bool = False) -> list[float]:
+        """`count` round trips of `echo hi`, or of the face's launch command for it."""
+        return self._call(self._timed(count, launch))
 
     def close(self) -> None:
         async def closing() -> None:
@@ -214,8 +230,9 @@ def main() -> int:
                 docker_run = lambda: container.exec_run(["bash", "-c", "echo hi"])  # noqa: E731
                 timed(face_run, 0, args.warmup)
                 baseline.samples(args.warmup)
+                baseline.samples(args.warmup, launch=True)
                 timed(docker_run, 0, 3)
-                face_ms, exec_ms, docker_ms = [], [], []
+                face_ms, exec_ms, docker_ms, launch_ms = [], [], [], []
                 rounds = max(1, args.iterations // ROUND)
                 cpu = {"box_face": 0, "box_exec": 0, "face_proc": 0.0}
                 for _ in range(rounds):
@@ -227,6 +244,7 @@ def main() -> int:
                     exec_ms += baseline.samples(ROUND)
                     cpu["box_exec"] += container_cpu_ns(baseline_container) - box0
                     docker_ms += timed(docker_run, max(1, ROUND // 5), 0)
+                    launch_ms += baseline.samples(ROUND, launch=True)
             finally:
                 baseline.close()
                 sandbox.kill()
@@ -241,12 +259,13 @@ def main() -> int:
         ("E2B SDK via swerl e2b serve", face_ms),
         ("swerl ExecCommands", exec_ms),
         ("docker exec (Docker SDK)", docker_ms),
+        ("face's launch via ExecCommands", launch_ms),
     ]
     print(f"\n{'path':32} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
     for name, samples in rows:
         p50, p99 = percentiles(samples)
         print(f"{name:32} {len(samples):5d} {p50:8.2f} {p99:8.2f}")
-    face_p50, exec_p50, docker_p50 = (percentiles(s)[0] for _, s in rows)
+    face_p50, exec_p50, docker_p50, launch_p50 = (percentiles(s)[0] for _, s in rows)
     overhead = face_p50 - exec_p50
     ratio = docker_p50 / face_p50
     print(
@@ -256,6 +275,10 @@ def main() -> int:
     print(
         f"docker exec p50 / face p50: {ratio:.1f}x (target >= 10x):"
         f" {'PASS' if ratio >= 10.0 else 'MISS'}"
+    )
+    print(
+        f"of the overhead at p50: {launch_p50 - exec_p50:.2f} ms the detached launch in the"
+        f" sandbox, {face_p50 - launch_p50:.2f} ms HTTP, the SDK and the face's own Python"
     )
     per = len(face_ms)
     print(
