@@ -57,16 +57,22 @@ async def router(worker_urls: list[str], policy: str, log: Path) -> AsyncIterato
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as session:
+            # The router answers /health before it has added its workers (it adds them in the
+            # background, "Router ready | workers: []"): a request sent then goes to the one
+            # worker added so far, so this waits until /workers lists every worker healthy.
             for _ in range(150):
                 assert proc.returncode is None, await asyncio.to_thread(_tail, log)
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url + "/health") as reply:
-                        if reply.status == 200:
+                with contextlib.suppress(aiohttp.ClientError, ValueError):
+                    async with session.get(url + "/workers") as reply:
+                        listed = (await reply.json()).get("workers", [])
+                        healthy = {w.get("url") for w in listed if w.get("is_healthy")}
+                        if reply.status == 200 and healthy == set(worker_urls):
                             break
                 await asyncio.sleep(0.2)
             else:
                 raise AssertionError(
-                    "router did not come up: " + await asyncio.to_thread(_tail, log)
+                    "router did not come up with every worker: "
+                    + await asyncio.to_thread(_tail, log)
                 )
         yield url
     finally:
