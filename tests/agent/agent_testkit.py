@@ -132,14 +132,9 @@ def check_record(record: pb.TokenRecord, replay: ReplayPolicyServer | None = Non
 
 def remove_sandboxes_of(node_ids: list[str]) -> None:
     """Removes every container of these nodes (what a failed test left behind)."""
-    for node_id in node_ids:
-        ids = subprocess.run(
-            ["docker", "ps", "-aq", "--filter", f"label=swerl.node={node_id}"],
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-        if ids:
-            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
+    ids = [container for container, node in swerl_sandboxes() if node in node_ids]
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
 
 
 async def until_running(sandbox_id: str, command: str, timeout_s: float = 60.0) -> None:
@@ -161,7 +156,8 @@ async def until_running(sandbox_id: str, command: str, timeout_s: float = 60.0) 
         await asyncio.sleep(0.05)
 
 
-def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
+def swerl_sandboxes() -> list[tuple[str, str]]:
+    """Every swerl sandbox container on the dockerd, as (container id, node id)."""
     out = subprocess.run(
         [
             "docker",
@@ -170,13 +166,17 @@ def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
             "--filter",
             "label=swerl.node",
             "--format",
-            '{{.Label "swerl.node"}}',
+            '{{.ID}} {{.Label "swerl.node"}}',
         ],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
-    return [n for n in out if n.startswith(node_id_prefix)]
+    ).stdout
+    return [(row[0], row[1]) for row in map(str.split, out.splitlines()) if len(row) == 2]
+
+
+def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
+    return [node for _, node in swerl_sandboxes() if node.startswith(node_id_prefix)]
 
 
 def node_of(env: AgentStack) -> str:
