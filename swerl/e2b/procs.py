@@ -10,9 +10,10 @@ group, stdout/stderr/exit status in files, stdin through a FIFO; the bash is `sw
 and the face follows it with short poll commands that read its files from the offsets already
 seen, a bounded amount per poll. A long or background process therefore never holds the queue:
 later foreground and background processes start and end while it runs. A kill (or the
-process's timeout) kills its whole group; a process's files are removed soon after it has ended
-and its output is read (in batches, off a quick command's path), and the container takes
-everything else with it when the sandbox ends.
+process's timeout) kills its whole group; a process killed from inside the sandbox (no status
+written) ends when a poll finds its shell gone, as envd reports a SIGKILLed process. A
+process's files are removed soon after it has ended and its output is read (in batches, off a
+quick command's path), and the container takes everything else with it when the sandbox ends.
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class ProcessConfig:
             body["cwd"] = self.cwd
         return body
 
+
+# What envd's end event says of a process a SIGKILL ended (Go's ProcessState.String()).
+SIGNAL_KILLED = "signal: killed"
 
 # The pause between two polls of a running process's files: short while output comes, growing
 # while it is quiet.
@@ -460,6 +464,9 @@ class ProcessTable:
         elif header in (b"K", b"R"):
             if process.kill_sent and not more:  # its group is gone and its output read
                 await self._end_killed(process)
+        elif header == b"G":  # killed inside the sandbox: no status will come
+            if not more:
+                await self._signaled(process)
         else:
             reason = err.decode(errors="replace").strip() or "no report from the sandbox"
             raise ConnectError("internal", f"process {process.pid} could not be started: {reason}")
@@ -471,6 +478,18 @@ class ProcessTable:
             await self._end_killed(process)
             return
         end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+        await process._emit({"end": end})
+
+    async def _signaled(self, process: Process) -> None:
+        """The end of a process whose shell a SIGKILL from inside the sandbox ended (`kill -9
+        $$`, a kill of its group): what envd sends for a process killed by a signal (Go's
+        ProcessState of it: exit code -1, not exited, status and error `signal: killed`), so the
+        SDK raises CommandExitException with exit_code -1 and that error."""
+        self._forget(process)
+        if process.killed:  # the face's own kill (or timeout) raced it: that end stands
+            await self._end_killed(process)
+            return
+        end = {"exitCode": -1, "exited": False, "status": SIGNAL_KILLED, "error": SIGNAL_KILLED}
         await process._emit({"end": end})
 
     async def _end_killed(self, process: Process) -> None:
@@ -485,7 +504,7 @@ class ProcessTable:
                 ),
             )
             return
-        await process._emit({"end": {"exitCode": 137, "exited": True, "status": "signal: killed"}})
+        await process._emit({"end": {"exitCode": 137, "exited": True, "status": SIGNAL_KILLED}})
 
     async def _expire(self, process: Process) -> None:
         assert process.deadline is not None

@@ -4,10 +4,11 @@ cleanup), each one short command over the sandbox's ExecCommands call.
 A process runs detached from the node's command queue, as a job of its own in the sandbox (its
 own process group, stdout/stderr/exit status in files, stdin through a FIFO). Every report
 command answers on its stdout a first line (`E <status>`: the process has ended; `R`: it runs;
-`K`: it was just killed), then the process's stdout from the offset the face has seen, and on
-its stderr the process's stderr from its offset; each stream at most `cap` bytes per report, so
-a report never meets the node's output cap of a command (which would drop its middle). A
-process whose report came back full is reported again before its end is told.
+`K`: it was just killed; `G`: its job's shell is gone without a status, i.e. it was killed
+inside the sandbox, e.g. `kill -9 $$`), then the process's stdout from the offset the face has
+seen, and on its stderr the process's stderr from its offset; each stream at most `cap` bytes
+per report, so a report never meets the node's output cap of a command (which would drop its
+middle). A process whose report came back full is reported again before its end is told.
 
 On the path of a quick command (`echo hi`, which ends within the launch's grace) the launch
 forks once, for the job, and runs nothing else: the output is read back with bash builtins, and
@@ -43,6 +44,10 @@ class JobSpec:
 
     source: str  # bash source of the job
     in_group_shell: bool  # CMD may run in the group's own shell (no subshell fork)
+    # CMD names its shell's pid (`$$`): the group's shell is a bash of its own (one exec), so
+    # that `$$` is the process's pid, as on E2B, not the node's shell's (which a `kill -9 $$`
+    # would end)
+    own_shell: bool = False
 
 
 def files(rec: str) -> str:
@@ -61,6 +66,8 @@ _CAT = (
 # Words with which CMD could replace the shell that records its status, or that shell's EXIT
 # trap: such a CMD runs in a subshell of its own (one more fork).
 _REPLACES_SHELL = re.compile(r"\b(exec|trap|source)\b|(^|[;&|(\s])\.\s")
+# `$$` or `${$}`: a CMD that names its shell's pid.
+_NAMES_OWN_PID = re.compile(r"\$(\$|\{\$\})")
 
 
 def job_spec(cmd: str, args: list[str], user: str | None) -> JobSpec:
@@ -69,11 +76,13 @@ def job_spec(cmd: str, args: list[str], user: str | None) -> JobSpec:
     E2B runs `/bin/bash -l -c CMD`. The node's shell is a login shell already, with the
     profile's environment, so as root CMD runs in a subshell of it (`eval` keeps a syntax error
     of CMD inside the job): no exec, no profile read per command, which are most of a short
-    command's cost. Any other process, or another user, runs as its own argv.
+    command's cost (a CMD that names `$$` pays one exec: `JobSpec.own_shell`). Any other
+    process, or another user, runs as its own argv.
     """
     argv = [cmd, *args]
     if not (user and user != "root") and len(argv) == 4 and argv[:3] == ["/bin/bash", "-l", "-c"]:
-        return JobSpec(f"eval {shlex.quote(argv[3])}", not _REPLACES_SHELL.search(argv[3]))
+        source, replaces = f"eval {shlex.quote(argv[3])}", _REPLACES_SHELL.search(argv[3])
+        return JobSpec(source, not replaces, bool(_NAMES_OWN_PID.search(argv[3])))
     if argv[:2] == ["/bin/bash", "-l"]:
         argv = ["/bin/bash", *argv[2:]]
     if user and user != "root":
@@ -104,13 +113,14 @@ def launch_command(job: JobSpec, rec: str, stdin: bool, cap: int) -> str:
     """The bash source that starts an E2B process detached from the node's command queue.
 
     The process runs as a job of its own (`set -m`: its own process group, which a kill ends
-    whole), with its stdout/stderr in files, its stdin through a FIFO held open until
-    CloseStdin (or /dev/null), and its exit status written to a file and to DONE_FIFO when it
-    ends. The launching command holds DONE_FIFO open from before the fork (so the line of a
-    process that ends at once is not lost with the FIFO's last reader) and waits up to
-    LAUNCH_GRACE_S for it: a process that ends by then is reported at once (`E <status>`, then
-    up to INLINE_READ_BYTES of each stream, read with builtins); one that does not answers `R`
-    and is followed by `poll_command`.
+    whole; disowned, so that the launching shell never reports its end, e.g. `Killed`, on the
+    launch's stderr, which is the process's), with its stdout/stderr in files, its stdin
+    through a FIFO held open until CloseStdin (or /dev/null), and its exit status written to a
+    file and to DONE_FIFO when it ends. The launching command holds DONE_FIFO open from before
+    the fork (so the line of a process that ends at once is not lost with the FIFO's last
+    reader) and waits up to LAUNCH_GRACE_S for it: a process that ends by then is reported at
+    once (`E <status>`, then up to INLINE_READ_BYTES of each stream, read with builtins); one
+    that does not answers `R` and is followed by `poll_command`.
     """
     f, done = files(rec), DONE_FIFO
     inline = min(INLINE_READ_BYTES, cap)
@@ -124,20 +134,21 @@ def launch_command(job: JobSpec, rec: str, stdin: bool, cap: int) -> str:
     if job.in_group_shell:
         # CMD runs in the group's own shell (no subshell fork); its status is recorded by an
         # EXIT trap, which an `exit` in CMD runs too.
-        group = (
-            f"{{ {hold}trap '__e2b_rc=$?; {unhold}{record}' EXIT; {job.source} {job_in}; }} "
-            f">{f}.out 2>{f}.err 4<&- &"
-        )
+        body = f"{hold}trap '__e2b_rc=$?; {unhold}{record}' EXIT; {job.source} {job_in}"
+        redirects = f">{f}.out 2>{f}.err 4<&-"
     else:
         # CMD might replace the shell or its EXIT trap (exec, trap, source): a subshell of its
         # own, whose status the group records.
-        group = (
-            f"{{ {hold}( {job.source} ) {job_in} >{f}.out 2>{f}.err; __e2b_rc=$?; {unhold}"
-            f"{record}; }} 4<&- &"
-        )
+        body = f"{hold}( {job.source} ) {job_in} >{f}.out 2>{f}.err; __e2b_rc=$?; {unhold}{record}"
+        redirects = "4<&-"
+    if job.own_shell:
+        body = f"exec /bin/bash -c {shlex.quote(body)}"
+    # The group's shell (its pid is the group's id, in .pgid) records the status: a poll that
+    # finds it gone without one tells a process killed inside the sandbox (`poll_command`).
+    group = f"{{ {body}; }} {redirects} &"
     return (
         f"[ -p {done} ] || mkfifo {done}; exec 4<>{done}; {fifo}set -m; {group} "
-        f"echo $! >{f}.pgid; set +m; __e2b_rc=; "
+        f"echo $! >{f}.pgid; disown; set +m; __e2b_rc=; "
         f"while read -r -t {LAUNCH_GRACE_S} -u 4 __e2b_p __e2b_s; do "
         f'[ "$__e2b_p" = {rec} ] && {{ __e2b_rc=$__e2b_s; break; }}; done; exec 4<&-; '
         f"if [ -n \"$__e2b_rc\" ]; then printf 'E %s\\n' $__e2b_rc; {_CAT}"
@@ -147,14 +158,30 @@ def launch_command(job: JobSpec, rec: str, stdin: bool, cap: int) -> str:
 
 
 def poll_command(rec: str, out_from: int, err_from: int, cap: int, ended: Iterable[str]) -> str:
-    """Bash that reports a detached process: `E <status>` (it has ended) or `R`, then at most
-    `cap` bytes of each stream from the offsets seen; the files of `ended` are removed. The
-    status file counts once it holds its line (`-s`): it is created empty and then written, and
-    a poll in between read an empty status (told as exit code 1)."""
+    """Bash that reports a detached process: `E <status>` (it has ended), `R` (it runs) or `G`
+    (killed inside the sandbox), then at most `cap` bytes of each stream from the offsets seen;
+    the files of `ended` are removed.
+
+    The status file counts once it holds its line (`-s`): it is created empty and then written,
+    and a poll in between read an empty status (told as exit code 1). Without one, the process
+    runs while the group's shell (which writes it, and whose pid is in .pgid) lives: neither a
+    zombie nor gone, by /proc (builtins only). A shell gone without a status was killed (a
+    SIGKILL runs no EXIT trap), unless it wrote the file just before it ended: the file is read
+    once more after the shell is seen gone, and only then is `G` told; the stdin FIFO's holder,
+    left behind in its group, is ended with it."""
     f = files(rec)
+    status = f"read -r __e2b_rc <{f}.rc; printf 'E %s\\n' $__e2b_rc"
+    alive = (
+        "{ read -r __e2b_x __e2b_x __e2b_st __e2b_x </proc/$__e2b_pg/stat && "
+        "[[ $__e2b_st != [ZX] ]]; } 2>/dev/null"
+    )
     return (
-        _remove(ended) + f"if [ -s {f}.rc ]; then read -r __e2b_rc <{f}.rc; "
-        "printf 'E %s\\n' $__e2b_rc; else printf 'R\\n'; fi; "
+        _remove(ended) + f"__e2b_pg=; read -r __e2b_pg <{f}.pgid 2>/dev/null; "
+        f"if [ -s {f}.rc ]; then {status}; "
+        f"elif [ -z \"$__e2b_pg\" ] || {alive}; then printf 'R\\n'; "
+        f"elif [ -s {f}.rc ]; then {status}; "
+        f"else printf 'G\\n'; [ -s {f}.hold ] && read -r __e2b_h <{f}.hold && "
+        "kill $__e2b_h 2>/dev/null; fi; "
         + _tail(f"{f}.out", out_from, cap, "")
         + _tail(f"{f}.err", err_from, cap, " >&2")
         + "true"
