@@ -143,3 +143,13 @@ def running_face(base_image: str, **overrides: Any) -> Iterator[Face]:
 def face(base_image: str) -> Iterator[Face]:
     with running_face(base_image) as running:
         yield running
+
+
+@pytest.fixture()
+def sandbox(face: Face, base_image: str) -> Iterator[Any]:
+    """A sandbox of the real SDK on the face, killed after the test."""
+    from e2b import Sandbox
+
+    created = Sandbox.create(base_image, timeout=120, **face.opts)
+    yield created
+    created.kill()

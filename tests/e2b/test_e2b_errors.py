@@ -17,13 +17,6 @@ from e2b.exceptions import (
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture()
-def sandbox(face: Face, base_image: str):
-    created = Sandbox.create(base_image, timeout=120, **face.opts)
-    yield created
-    created.kill()
-
-
 def test_an_unknown_sandbox_is_not_found(face: Face):
     with pytest.raises(SandboxNotFoundException):
         Sandbox.get_info("lse-unknown", **face.opts)

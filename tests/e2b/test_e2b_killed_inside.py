@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import Face
 from e2b import CommandExitException, Sandbox
 
 pytestmark = pytest.mark.docker
@@ -17,13 +16,6 @@ pytestmark = pytest.mark.docker
 # Far more than a killed process takes to be told (a poll interval, at most 200 ms), far less
 # than "forever": a killed process that is never told hangs its wait.
 ENDS_WITHIN_S = 10.0
-
-
-@pytest.fixture()
-def sandbox(face: Face, base_image: str):
-    created = Sandbox.create(base_image, timeout=120, **face.opts)
-    yield created
-    created.kill()
 
 
 def test_a_command_that_kills_its_own_shell_ends_as_killed(sandbox: Sandbox):
