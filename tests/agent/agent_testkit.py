@@ -22,6 +22,7 @@ from swerl.pool.v1 import pool_pb2
 from swerl.stack import LocalStack, local_stack
 from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
+from tests.exec.exec_testkit import remove_containers_of
 
 TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
 
@@ -55,9 +56,8 @@ async def agent_stack(
                 # A test that failed midway leaves its sandboxes to no one once its stack is gone:
                 # they go with it, so the next test starts on a clean dockerd (its own
                 # no-sandbox-left checks would otherwise fail for this one).
-                await asyncio.to_thread(
-                    remove_sandboxes_of, [str(n.settings.node_id) for n in stack.nodes]
-                )
+                for node in stack.nodes:
+                    await asyncio.to_thread(remove_containers_of, str(node.settings.node_id))
                 raise
             finally:
                 await channel.close()
@@ -128,13 +128,6 @@ def check_record(record: pb.TokenRecord, replay: ReplayPolicyServer | None = Non
         else:
             assert abs(logprob - replay_logprob(position)) < 1e-6
             position += 1
-
-
-def remove_sandboxes_of(node_ids: list[str]) -> None:
-    """Removes every container of these nodes (what a failed test left behind)."""
-    ids = [container for container, node in swerl_sandboxes() if node in node_ids]
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)
 
 
 async def until_running(sandbox_id: str, command: str, timeout_s: float = 60.0) -> None:
