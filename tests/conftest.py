@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -71,3 +74,71 @@ def pytest_runtest_logstart(nodeid: str, location: object) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if _PROGRESS and report.failed:
         _progress(f"FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-3000:]}")
+        if report.nodeid in _TASKS_DUMPED:
+            _progress(_TASKS_DUMPED.pop(report.nodeid))
+
+
+# -- what a test that hangs was waiting for ----------------------------------------------------
+# pytest-timeout shows where the main thread is; in an async test that is the event loop's
+# select(), which says nothing of the coroutine that never finished. So shortly before the
+# timeout, the stack of every task of every running event loop is written to stderr (and kept
+# for the progress file): the hung await is in there.
+_TASKS_DUMPED: dict[str, str] = {}
+_DUMP_BEFORE_TIMEOUT_S = 15.0
+
+
+def _task_stacks() -> str:
+    import asyncio
+    import io
+
+    out = io.StringIO()
+    loops = [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]
+    for loop in loops:
+        if not loop.is_running():
+            continue
+        try:
+            tasks = asyncio.all_tasks(loop)
+        except RuntimeError as exc:  # the loop changed its tasks under us; say so, go on
+            out.write(f"(tasks of {loop!r} could not be listed: {exc})\n")
+            continue
+        for task in tasks:
+            out.write(f"-- {task!r}\n")
+            try:
+                task.print_stack(limit=30, file=out)
+            except Exception as exc:  # a task finishing under us
+                out.write(f"   (stack unavailable: {exc})\n")
+    return out.getvalue() or "(no running event loop)\n"
+
+
+def _dump_tasks(nodeid: str, after_s: float) -> None:
+    text = f"TASKS of {nodeid}, still running after {after_s:g} s (the event loops' tasks):\n"
+    text += _task_stacks()
+    _TASKS_DUMPED[nodeid] = text
+    sys.__stderr__.write(text)
+    sys.__stderr__.flush()
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        return float(marker.args[0])
+    try:
+        return float(item.config.getini("timeout") or 0)
+    except (ValueError, KeyError):
+        return 0.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    timeout = _timeout_of(item)
+    timer = None
+    if timeout > 2 * _DUMP_BEFORE_TIMEOUT_S:
+        after = timeout - _DUMP_BEFORE_TIMEOUT_S
+        timer = threading.Timer(after, _dump_tasks, args=(item.nodeid, after))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
