@@ -477,7 +477,12 @@ class ProcessTable:
         if process.killed:
             await self._end_killed(process)
             return
-        end: dict[str, Any] = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+        # envd's end of an exited process (Go's ProcessState and cmd.Wait's error): a non-zero
+        # status also comes as the error "exit status N", which the SDK keeps as `.error`.
+        status = f"exit status {code}"
+        end: dict[str, Any] = {"exitCode": code, "exited": True, "status": status}
+        if code:
+            end["error"] = status
         await process._emit({"end": end})
 
     async def _signaled(self, process: Process) -> None:
@@ -504,7 +509,10 @@ class ProcessTable:
                 ),
             )
             return
-        await process._emit({"end": {"exitCode": 137, "exited": True, "status": SIGNAL_KILLED}})
+        # envd kills with a signal (SendSignal): Go reports the signal death as exit code -1,
+        # not exited, status and error `signal: killed`.
+        end = {"exitCode": -1, "exited": False, "status": SIGNAL_KILLED, "error": SIGNAL_KILLED}
+        await process._emit({"end": end})
 
     async def _expire(self, process: Process) -> None:
         assert process.deadline is not None

@@ -50,7 +50,7 @@ def test_output_far_above_one_reports_cap_comes_back_exact(small_face: Face, bas
         )
         with pytest.raises(CommandExitException) as exited:
             burst.wait()
-        assert exited.value.exit_code == 3
+        assert (exited.value.exit_code, exited.value.error) == (3, "exit status 3")
         assert (
             hashlib.sha256(exited.value.stdout.encode()).digest()
             == hashlib.sha256(big.encode()).digest()
@@ -62,7 +62,11 @@ def test_output_far_above_one_reports_cap_comes_back_exact(small_face: Face, bas
         assert killed.kill() is True
         with pytest.raises(CommandExitException) as ended:
             killed.wait()
-        assert (ended.value.exit_code, ended.value.stdout) == (137, big)
+        assert (ended.value.exit_code, ended.value.error, ended.value.stdout) == (
+            -1,
+            "signal: killed",
+            big,
+        )
     finally:
         sandbox.kill()
     small_face.assert_nothing_left()
