@@ -1,10 +1,16 @@
 """Policy clients: SGLang's native `/generate` (token ids in, token ids and logprobs out) for
 training, and an OpenAI-compatible chat API (text only) for evaluating hosted models.
 
-Only connection failures before the server accepted the request are retried (with swerl's one
-retry policy): a request that reached the server may have been generated, so it is never sent
-twice. JSON encoding of long id lists and decoding of replies run in the agent's CPU pool, not on
-the event loop.
+A call that failed for a reason a later attempt can cure is sent again (swerl's one retry
+policy, bounded by attempts and by total time): a connection failure, an answer of HTTP 500, 502,
+503 or 504, or no answer within the request's timeout. Generation has no side effect beyond the
+engine's time and the agent records only the reply it gets, so this is safe, and it is what the
+trainers' own client does with a failed `/generate` (slime's `http_utils._post` sends it again up
+to 60 times, 1 s apart: slime/utils/http_utils.py:165-191 at 624b824a; SGLang aborts a request
+whose client went away). So a policy fault shorter than the retry time (an engine restarting, a
+router failing over) costs the episode a few seconds, not its run. Other answers (4xx, a reply
+that cannot be read) are not retried. JSON encoding of long id lists and decoding of replies run
+in the agent's CPU pool, not on the event loop.
 """
 
 from __future__ import annotations
@@ -72,9 +78,29 @@ class ChatPolicy(Protocol):
     ) -> Generation: ...
 
 
-def _connect_failed(exc: BaseException) -> bool:
-    # Raised before any byte of the request was accepted: safe to send again.
-    return isinstance(exc, aiohttp.ClientConnectorError)
+# Answers of a server (or of a router in front of it) that is failing for now: sent again.
+RETRIED_STATUSES = frozenset({500, 502, 503, 504})
+
+
+class _ServerFailing(Exception):
+    """A retried HTTP status, inside the retry loop; the caller sees PolicyUnavailable."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    return isinstance(
+        exc,
+        (
+            aiohttp.ClientConnectorError,  # nothing reached the server
+            aiohttp.ServerDisconnectedError,  # the server went away mid-call
+            _ServerFailing,
+            asyncio.TimeoutError,  # no answer within the request's timeout (a hung engine)
+        ),
+    )
 
 
 def over_context_length(body: bytes) -> bool:
@@ -86,10 +112,17 @@ def over_context_length(body: bytes) -> bool:
     return b"context length" in body.lower()
 
 
-def connect_retrying(attempts: int, max_delay_s: float) -> Any:
-    """swerl's retry policy for policy HTTP calls: connection failures only."""
+def policy_retrying(attempts: int, max_delay_s: float) -> Any:
+    """swerl's retry policy for policy HTTP calls (see the module's docstring)."""
     return async_retrying(
-        max_attempts=attempts, max_delay_s=max_delay_s, max_wait_s=2.0, retry_on=_connect_failed
+        max_attempts=attempts, max_delay_s=max_delay_s, max_wait_s=2.0, retry_on=_worth_retrying
+    )
+
+
+def _failing(status: int, body: bytes, what: str) -> PolicyUnavailable:
+    return PolicyUnavailable(
+        f"{what} answered HTTP {status}: {body[:300].decode(errors='replace')}",
+        reason="POLICY_ERROR",
     )
 
 
@@ -220,7 +253,7 @@ class SglangPolicy:
         *,
         request_timeout_s: float,
         executor: Executor | None = None,
-        connect_attempts: int = 4,
+        connect_attempts: int = 12,
         connect_max_delay_s: float = 10.0,
         retrying: Any = None,
         headers: Mapping[str, str] | None = None,
@@ -255,9 +288,7 @@ class SglangPolicy:
         # reusing one copy leaves no garbage, while a copy per call left ~28 objects in
         # reference cycles per turn that only the cyclic collector frees (collector pauses of
         # 10-20 ms on the agent's event loop at 256 episodes).
-        self._retrying = (
-            retrying or connect_retrying(connect_attempts, connect_max_delay_s)
-        ).copy()
+        self._retrying = (retrying or policy_retrying(connect_attempts, connect_max_delay_s)).copy()
 
     def reseeded(self, sampling_seed: int) -> SglangPolicy:
         twin = copy.copy(self)
@@ -311,15 +342,15 @@ class SglangPolicy:
                                 "the policy engine refused the prompt as longer than its"
                                 f" context length: {raw[:300].decode(errors='replace')}"
                             )
+                        if response.status in RETRIED_STATUSES:
+                            raise _ServerFailing(response.status, raw)
                         if response.status != 200:
-                            raise PolicyUnavailable(
-                                f"policy server answered HTTP {response.status}:"
-                                f" {raw[:300].decode(errors='replace')}",
-                                reason="POLICY_ERROR",
-                            )
+                            raise _failing(response.status, raw, "policy server")
                         return raw
         except (PolicyUnavailable, ContextExhausted):
             raise
+        except _ServerFailing as err:
+            raise _failing(err.status, err.body, "policy server") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise PolicyUnavailable(
                 f"policy server {self._url} unreachable: {type(err).__name__}: {err}"
@@ -349,7 +380,7 @@ class OpenAIChatPolicy:
         *,
         request_timeout_s: float,
         api_key: str | None = None,
-        connect_attempts: int = 4,
+        connect_attempts: int = 12,
         connect_max_delay_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
@@ -382,21 +413,21 @@ class OpenAIChatPolicy:
                 max_attempts=self._attempts,
                 max_delay_s=self._max_delay_s,
                 max_wait_s=2.0,
-                retry_on=_connect_failed,
+                retry_on=_worth_retrying,
             ):
                 with attempt:
                     async with self._session.post(
                         self._url, json=payload, headers=self._headers, timeout=self._timeout
                     ) as response:
                         raw = await response.read()
+                        if response.status in RETRIED_STATUSES:
+                            raise _ServerFailing(response.status, raw)
                         if response.status != 200:
-                            raise PolicyUnavailable(
-                                f"chat server answered HTTP {response.status}:"
-                                f" {raw[:300].decode(errors='replace')}",
-                                reason="POLICY_ERROR",
-                            )
+                            raise _failing(response.status, raw, "chat server")
         except PolicyUnavailable:
             raise
+        except _ServerFailing as err:
+            raise _failing(err.status, err.body, "chat server") from None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
             raise PolicyUnavailable(f"chat server {self._url} unreachable: {err}") from err
         try:

@@ -30,7 +30,7 @@ from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, connect_retrying
+from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, policy_retrying
 from swerl.agent.sandbox import SandboxProvider
 from swerl.agent.settings import AgentSettings
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
@@ -97,7 +97,7 @@ class EpisodeRunner:
         # releases it), so a backlog of record jobs kept the loop thread from running for
         # 15-20 ms when 50 episodes ended together; GIL-bound, more at once is no faster.
         self._records_slot = asyncio.Semaphore(1)
-        self._policy_retrying = connect_retrying(
+        self.policy_retrying = policy_retrying(
             settings.policy_connect_attempts, settings.policy_connect_max_delay_s
         )
         # The model gateway harness episodes open their sessions on: the agent's served one
@@ -135,6 +135,7 @@ class EpisodeRunner:
                     host="127.0.0.1",
                     port=0,
                     routing_key_header=self.settings.routing_key_header,
+                    retrying=self.policy_retrying,
                 )
                 await gateway.start()
                 self.gateway = self._own_gateway = gateway
@@ -317,7 +318,7 @@ class EpisodeRunner:
                 spec.sampling_params,
                 request_timeout_s=spec.request_timeout_s,
                 executor=self.executor,
-                retrying=self._policy_retrying,
+                retrying=self.policy_retrying,
                 headers=headers,
                 return_routed_experts=spec.return_routed_experts,
                 lora_path=spec.lora_path,

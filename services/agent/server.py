@@ -70,6 +70,7 @@ class AgentServer(ServiceHost):
                 public_url=settings.gateway_public_url or "",
                 routing_key_header=settings.routing_key_header,
                 max_sessions=settings.gateway_max_sessions,
+                retrying=self.runner.policy_retrying,
             )
             self.runner.gateway = self.gateway  # harness episodes open their sessions here
         self.server = GrpcServer(settings, name="agent")

@@ -34,10 +34,14 @@ class AgentSettings(ServiceSettings):
         600.0, description="limit on one policy call when the request sets none"
     )
     policy_connect_attempts: int = Field(
-        4, description="attempts to reach the policy server (connection errors only)"
+        12,
+        description="attempts of one policy call: a connection failure, an HTTP 500/502/503/504"
+        " answer or no answer within the request's timeout is sent again (1 = never)",
     )
     policy_connect_max_delay_s: float = Field(
-        10.0, description="total time spent retrying a policy connection"
+        10.0,
+        description="total time one policy call is retried for, from its first attempt; a call"
+        " still failing then ends the episode INFRA_ERROR with the last failure",
     )
     policy_max_connections: int = Field(
         1024, description="HTTP connections to policy servers, over all episodes"

@@ -112,6 +112,8 @@ def _log_retry(state: tenacity.RetryCallState) -> None:
         attempt=state.attempt_number,
         code=code,
         reason=error_info(exc)[0] if isinstance(exc, grpc.RpcError) else None,
+        # What failed, when it is no gRPC status (an HTTP call's error or status).
+        error=None if code or exc is None else f"{type(exc).__name__}: {exc}"[:200],
         wait_s=round(state.next_action.sleep, 3) if state.next_action else None,
         target=getattr(state.fn, "__qualname__", None),
     )

@@ -64,14 +64,17 @@ class GatewayEnv:
 
 @contextlib.asynccontextmanager
 async def gateway_env(
-    scripts: dict[str, list[str]] | None = None, **replay_options: Any
+    scripts: dict[str, list[str]] | None = None,
+    *,
+    gateway_options: dict[str, Any] | None = None,
+    **replay_options: Any,
 ) -> AsyncIterator[GatewayEnv]:
     replay = ReplayPolicyServer(
         {KEY: SCRIPT} if scripts is None else scripts, keep_requests=True, **replay_options
     )
     url = await replay.start()
     try:
-        async with local_gateway() as gateway:
+        async with local_gateway(**(gateway_options or {})) as gateway:
             yield GatewayEnv(gateway, replay, url)
     finally:
         while _CLIENTS:

@@ -14,6 +14,7 @@ from gateway_testkit import ANTHROPIC_BASH_TOOL, KEY, assert_chains_exact, gatew
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind
+from swerl.agent.policy import policy_retrying
 
 SYSTEM = "You are a careful engineer."
 
@@ -244,7 +245,9 @@ async def test_prompt_over_the_budget_is_anthropics_prompt_too_long() -> None:
 
 
 async def test_policy_unavailable_is_503_with_retry_after() -> None:
-    async with gateway_env(fault_control=True) as env:
+    # The gateway retries the policy's 500s for a while (here half a second), then answers.
+    retrying = {"retrying": policy_retrying(12, 0.5)}
+    async with gateway_env(fault_control=True, gateway_options=retrying) as env:
         env.replay.inject_fault("error", 60)
         session = await env.open()
         async with anthropic.AsyncAnthropic(

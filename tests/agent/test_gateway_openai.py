@@ -13,6 +13,7 @@ from gateway_testkit import BASH_TOOL, KEY, assert_chains_exact, async_client, g
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind
+from swerl.agent.policy import policy_retrying
 
 
 def _conversation() -> list[dict]:
@@ -268,7 +269,9 @@ async def test_a_call_under_the_budget_is_cut_to_what_is_left() -> None:
 
 
 async def test_policy_unavailable_is_503_with_a_retry_hint_and_counted_as_infra() -> None:
-    async with gateway_env(fault_control=True) as env:
+    # The gateway retries the policy's 500s for a while (here half a second), then answers.
+    retrying = {"retrying": policy_retrying(12, 0.5)}
+    async with gateway_env(fault_control=True, gateway_options=retrying) as env:
         env.replay.inject_fault("error", 60)
         session = await env.open()
         client = async_client(

@@ -38,7 +38,11 @@ async def _fault(session: aiohttp.ClientSession, url: str, body: object) -> int:
 
 
 def _policy(session: aiohttp.ClientSession, url: str, timeout_s: float = 5.0) -> SglangPolicy:
-    return SglangPolicy(session, url, {"temperature": 1.0}, request_timeout_s=timeout_s)
+    # One attempt: these tests see each answer of the window (the client's retries of a failing
+    # policy are tests/agent/test_policy_retries.py's).
+    return SglangPolicy(
+        session, url, {"temperature": 1.0}, request_timeout_s=timeout_s, connect_attempts=1
+    )
 
 
 async def test_an_error_window_answers_500_and_the_policy_client_says_policy_error(

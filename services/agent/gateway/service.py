@@ -22,7 +22,7 @@ import aiohttp
 
 from swerl.agent.gateway.http import GatewayServer
 from swerl.agent.gateway.session import CodecSource, Session, SessionSpec, SessionStore
-from swerl.agent.policy import SglangPolicy, TokenPolicy, connect_retrying
+from swerl.agent.policy import SglangPolicy, TokenPolicy, policy_retrying
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
@@ -44,11 +44,13 @@ class Gateway:
         public_url: str = "",
         routing_key_header: str = "X-SMG-Routing-Key",
         max_sessions: int = 4096,
+        retrying: Any = None,
     ) -> None:
         self._http_session = http_session
         self._executor = executor
         self._routing_key_header = routing_key_header
-        self._retrying = connect_retrying(4, 10.0)
+        # The agent's policy retry policy (its settings), shared by every session's client.
+        self._retrying = retrying or policy_retrying(12, 10.0)
         self.store = SessionStore(
             codecs=codecs,
             policy_factory=self._policy,
