@@ -32,6 +32,7 @@ from swerl.exec.shell.wire import (
     env_script,
     frame,
     make_fifo,
+    open_fifo_end,
     unblock_fifo,
 )
 
@@ -454,9 +455,7 @@ class CommandRun:
         loop = asyncio.get_running_loop()
         self._backstop = loop.call_later(spec.timeout_s + BACKSTOP_GRACE_S, self._backstop_fire)
         if self._stdin_fifo is not None:
-            self._opening = asyncio.ensure_future(
-                asyncio.to_thread(os.open, self._stdin_fifo, os.O_WRONLY)
-            )
+            self._opening = open_fifo_end(self._stdin_fifo, os.O_WRONLY)
             shell.spawn(self._await_stdin(self._opening))
         self._send_to(sup)
 

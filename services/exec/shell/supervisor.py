@@ -23,7 +23,13 @@ import structlog
 from swerl.exec.docker_backend import ContainerNotRunning, DockerBackend
 from swerl.exec.errors import ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT
-from swerl.exec.shell.wire import CONTAINER_IO_DIR, MarkerScanner, env_script, make_fifo
+from swerl.exec.shell.wire import (
+    CONTAINER_IO_DIR,
+    MarkerScanner,
+    env_script,
+    make_fifo,
+    open_fifo_end,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -43,10 +49,10 @@ async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[
     """Ends the FIFO opens of a shell that will not start and closes what they opened.
 
     Each FIFO still being opened gets a peer held open (O_RDWR) until its open has returned:
-    an open still queued on the default executor (every worker busy, e.g. three opens per
-    starting shell and six workers on a 2-core node) calls os.open only later, and a peer
-    opened and closed at once before that left it blocked for good (and the FIFO's name is
-    removed with the sandbox's I/O dir, so nothing could open it again)."""
+    an open whose thread has not called os.open yet does so only later, and a peer opened and
+    closed at once before that left it blocked for good (and the FIFO's name is removed with
+    the sandbox's I/O dir, so nothing could open it again). Such a thread is a daemon of its
+    own (`open_fifo_end`), so even then it holds up no executor and no shutdown."""
     peers: list[int] = []
     try:
         for key, task in opens.items():
@@ -145,10 +151,7 @@ class Supervisor:
         # has opened its end (before `ready`).
         fd_life = os.open(names["life"], os.O_RDONLY | os.O_NONBLOCK)
         flags = {"in": os.O_WRONLY, "out": os.O_RDONLY, "err": os.O_RDONLY}
-        opens = {
-            k: asyncio.ensure_future(asyncio.to_thread(os.open, names[k], f))
-            for k, f in flags.items()
-        }
+        opens = {k: open_fifo_end(names[k], f) for k, f in flags.items()}
         inside = {k: f"{CONTAINER_IO_DIR}/{k}.{gen}" for k in names}
         argv = [
             "bash",

@@ -8,11 +8,13 @@ the sandbox's I/O directory on the node, mounted in the container at `CONTAINER_
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
 import re
 import stat
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -127,6 +129,43 @@ def make_fifo(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     os.mkfifo(path, 0o600)
+
+
+def open_fifo_end(path: Path, flags: int) -> asyncio.Future[int]:
+    """`os.open` of one end of a FIFO, which blocks until its other end is opened, on a daemon
+    thread of its own: never on the loop's default executor, whose threads a closing event loop
+    joins (`shutdown_default_executor`), so one open that never met its peer hung the shutdown
+    of the whole process (and of a test's loop) for good. The descriptor goes to the returned
+    future; if nobody wants it when it comes (the future was cancelled, or the loop has closed)
+    it is closed."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+
+    def deliver(fd: int | None, error: OSError | None) -> None:
+        if future.cancelled():
+            if fd is not None:
+                os.close(fd)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            assert fd is not None
+            future.set_result(fd)
+
+    def run() -> None:
+        fd: int | None = None
+        error: OSError | None = None
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            error = exc
+        try:
+            loop.call_soon_threadsafe(deliver, fd, error)
+        except RuntimeError:  # the loop has closed: nobody will take it
+            if fd is not None:
+                os.close(fd)
+
+    threading.Thread(target=run, name=f"swerl-fifo-open-{path.name}", daemon=True).start()
+    return future
 
 
 def unblock_fifo(path: Path) -> None:

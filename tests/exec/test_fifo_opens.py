@@ -1,0 +1,72 @@
+"""The node opens its FIFO ends (a shell's stdio, a command's stdin) on daemon threads of their
+own (`swerl.exec.shell.wire.open_fifo_end`): an open that never meets its peer, because the
+shell or the container died first, must hold up neither the event loop's shutdown (a closing
+loop joins the default executor's threads, and one blocked open hung the node's exit and a
+test's teardown for good) nor leak the descriptor when its peer comes after nobody wants it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+from swerl.exec.shell.wire import make_fifo, open_fifo_end, unblock_fifo
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _new_fds_after_settling(before: set[str], allowed: set[str]) -> set[str]:
+    """The descriptors opened since `before`, once those beyond `allowed` are gone (5 s at most:
+    a late open's thread closes what it got)."""
+    deadline = time.monotonic() + 5
+    while _open_fds() - before - allowed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _open_fds() - before
+
+
+def test_an_open_that_never_meets_its_peer_does_not_hold_up_the_loops_shutdown(tmp_path) -> None:
+    fifo = tmp_path / "out.1"
+    make_fifo(fifo)
+    before = _open_fds()
+
+    async def main() -> None:
+        opening = open_fifo_end(fifo, os.O_RDONLY)
+        await asyncio.sleep(0.05)
+        assert not opening.done()
+
+    runner = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    runner.start()
+    runner.join(10)
+    hung = runner.is_alive()
+    unblock_fifo(fifo)  # the peer comes after the loop closed (and frees a hung run, if any)
+    runner.join(10)
+    assert not hung, "the loop's shutdown waited on the FIFO open"
+    assert _new_fds_after_settling(before, set()) == set(), "the late descriptor was not closed"
+
+
+async def test_a_cancelled_open_closes_what_it_opens_and_a_wanted_one_delivers_it(tmp_path) -> None:
+    fifo = tmp_path / "stdin.1"
+    make_fifo(fifo)
+    before = _open_fds()
+    abandoned = open_fifo_end(fifo, os.O_WRONLY)
+    await asyncio.sleep(0.05)
+    abandoned.cancel()
+    peer = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        settled = await asyncio.to_thread(_new_fds_after_settling, before, {str(peer)})
+        assert settled == {str(peer)}, "the abandoned open's descriptor leaked"
+        wanted = await asyncio.wait_for(open_fifo_end(fifo, os.O_WRONLY), 5)
+        assert os.write(wanted, b"x") == 1 and os.read(peer, 1) == b"x"
+        os.close(wanted)
+    finally:
+        os.close(peer)
+    missing = open_fifo_end(tmp_path / "gone", os.O_RDONLY)
+    try:
+        await asyncio.wait_for(missing, 5)
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("an open of a missing FIFO must fail")
