@@ -43,10 +43,13 @@ class AgentAtCapacity(SwerlError):
 class EpisodeInfraError(Exception):
     """Infrastructure failed during an episode; the episode ends INFRA_ERROR with `reason`."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, node_down: bool = False) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+        # The sandbox's node cannot destroy it now: the node did not answer at all (a stopped
+        # or unreachable node process), or its dockerd does not answer it.
+        self.node_down = node_down
 
 
 __all__ = [

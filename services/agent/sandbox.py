@@ -13,7 +13,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -139,6 +139,8 @@ def _infra(
     return EpisodeInfraError(
         reason or fallback_reason,
         f"{what} failed: {err.code().name} {reason or ''} {err.details()}",
+        node_down=reason == "DOCKER_UNAVAILABLE"
+        or (not reason and err.code() == grpc.StatusCode.UNAVAILABLE),
     )
 
 
@@ -234,6 +236,23 @@ class PoolSandboxProvider:
     def __init__(self, pool: PoolClient, *, lease_wait_s: float = 600.0) -> None:
         self._pool = pool
         self._wait_s = lease_wait_s
+        # Releases of leases whose node stopped answering, running on after their episode ended.
+        self._releasing: set[asyncio.Task[None]] = set()
+
+    def _release_in_background(self, context: Any, exc: BaseException) -> None:
+        """Releases a lease whose node is down (it does not answer, or its dockerd does not)
+        without holding up the episode's end: the pool waits (its `release_wait_s`, 5 s) for a
+        destroy the node cannot do now, and the caller (a trainer's rollout waiting for its
+        slowest episode) would wait with it. The pool still releases the lease, and the sandbox
+        is destroyed once the node (or its dockerd) answers again."""
+
+        async def release() -> None:
+            with contextlib.suppress(Exception):
+                await context.__aexit__(type(exc), exc, exc.__traceback__)
+
+        task = asyncio.get_running_loop().create_task(release(), name="agent.lease-release")
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -267,6 +286,9 @@ class PoolSandboxProvider:
         try:
             yield handle
         except BaseException as exc:
+            if isinstance(exc, EpisodeInfraError) and exc.node_down:
+                self._release_in_background(context, exc)
+                raise
             with contextlib.suppress(Exception):
                 await context.__aexit__(type(exc), exc, exc.__traceback__)
             raise
