@@ -57,7 +57,7 @@ FAULT_KINDS = (
 NODE_STOP_S = 10.0
 POLICY_FAULT_S = 8.0
 # A policy call gets no answer within this, and is sent again (the agent retries a timeout, a
-# 5xx answer or a refused connection for up to `policy_connect_max_delay_s`, 10 s, as slime's own
+# 5xx answer or a refused connection for up to `policy_connect_max_delay_s`, 60 s, as slime's own
 # client does): shorter than a hang window, so a hang is noticed while it lasts, and a window
 # shorter than the retry time costs an episode seconds, not its run.
 POLICY_REQUEST_TIMEOUT_S = 4.0

@@ -80,6 +80,11 @@ class ChatPolicy(Protocol):
 
 # Answers of a server (or of a router in front of it) that is failing for now: sent again.
 RETRIED_STATUSES = frozenset({500, 502, 503, 504})
+# How long a failing policy call is retried, and in how many attempts at most: about as long as
+# slime's own client keeps sending a failed /generate (60 tries, 1 s apart), so swerl gives up on
+# a policy no sooner than the trainer would; the waits between attempts grow to 2 s.
+RETRY_ATTEMPTS = 60
+RETRY_MAX_DELAY_S = 60.0
 
 
 class _ServerFailing(Exception):
@@ -253,8 +258,8 @@ class SglangPolicy:
         *,
         request_timeout_s: float,
         executor: Executor | None = None,
-        connect_attempts: int = 12,
-        connect_max_delay_s: float = 10.0,
+        connect_attempts: int = RETRY_ATTEMPTS,
+        connect_max_delay_s: float = RETRY_MAX_DELAY_S,
         retrying: Any = None,
         headers: Mapping[str, str] | None = None,
         return_routed_experts: bool = False,
@@ -380,8 +385,8 @@ class OpenAIChatPolicy:
         *,
         request_timeout_s: float,
         api_key: str | None = None,
-        connect_attempts: int = 12,
-        connect_max_delay_s: float = 10.0,
+        connect_attempts: int = RETRY_ATTEMPTS,
+        connect_max_delay_s: float = RETRY_MAX_DELAY_S,
         headers: Mapping[str, str] | None = None,
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from swerl.agent.policy import RETRY_ATTEMPTS, RETRY_MAX_DELAY_S
 from swerl.chassis.settings import ServiceSettings
 
 
@@ -34,12 +35,12 @@ class AgentSettings(ServiceSettings):
         600.0, description="limit on one policy call when the request sets none"
     )
     policy_connect_attempts: int = Field(
-        12,
+        RETRY_ATTEMPTS,
         description="attempts of one policy call: a connection failure, an HTTP 500/502/503/504"
         " answer or no answer within the request's timeout is sent again (1 = never)",
     )
     policy_connect_max_delay_s: float = Field(
-        10.0,
+        RETRY_MAX_DELAY_S,
         description="total time one policy call is retried for, from its first attempt; a call"
         " still failing then ends the episode INFRA_ERROR with the last failure",
     )

@@ -22,7 +22,13 @@ import aiohttp
 
 from swerl.agent.gateway.http import GatewayServer
 from swerl.agent.gateway.session import CodecSource, Session, SessionSpec, SessionStore
-from swerl.agent.policy import SglangPolicy, TokenPolicy, policy_retrying
+from swerl.agent.policy import (
+    RETRY_ATTEMPTS,
+    RETRY_MAX_DELAY_S,
+    SglangPolicy,
+    TokenPolicy,
+    policy_retrying,
+)
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
@@ -50,7 +56,7 @@ class Gateway:
         self._executor = executor
         self._routing_key_header = routing_key_header
         # The agent's policy retry policy (its settings), shared by every session's client.
-        self._retrying = retrying or policy_retrying(12, 10.0)
+        self._retrying = retrying or policy_retrying(RETRY_ATTEMPTS, RETRY_MAX_DELAY_S)
         self.store = SessionStore(
             codecs=codecs,
             policy_factory=self._policy,
