@@ -101,7 +101,8 @@ def _start(task, episode_id: str, harness: str, wall_s: float = 120.0) -> pb.Epi
 
 async def test_an_unknown_harness_is_invalid_argument_unknown_harness():
     task = bundled_tasks()[0]
-    async with agent_stack() as env:
+    # No policy serves this test: its builtin episode gives up after 1 s of retries, not 60.
+    async with agent_stack(policy_connect_max_delay_s=1.0) as env:
         start = _start(task, "unknown-harness", "no-such-harness")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await run_to_result(env.stub, start)

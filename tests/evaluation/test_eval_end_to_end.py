@@ -28,12 +28,13 @@ def task_images():
     build_images(load_tasks(TASKS), base_image=base, progress=lambda line: None)
 
 
-def _eval(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _eval(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "swerl.cli", "eval", str(TASKS), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env},
     )
 
 
@@ -101,8 +102,17 @@ def test_eval_writes_results_preds_and_summary_and_resumes_without_redoing(tmp_p
 def test_unresolved_answers_and_infra_errors_are_counted_apart_and_errors_retried(tmp_path):
     out = tmp_path / "run"
     ids = ["swerl-examples__romans-5", "swerl-examples__semverlite-41"]
-    # A policy nobody serves: the agent ends the episode INFRA_ERROR, which is not scored.
-    broken = _eval("--policy-url", "http://127.0.0.1:9", "-o", str(out), "--instance-ids", *ids)
+    # A policy nobody serves: the agent ends the episode INFRA_ERROR, which is not scored (after
+    # retrying the refused connection for 1 s here: the agent's setting, 60 s by default).
+    broken = _eval(
+        "--policy-url",
+        "http://127.0.0.1:9",
+        "-o",
+        str(out),
+        "--instance-ids",
+        *ids,
+        SWERL_AGENT_POLICY_CONNECT_MAX_DELAY_S="1",
+    )
     assert broken.returncode == 1
     assert "errors are not scored" in broken.stdout
     records = _records(out)
