@@ -7,8 +7,10 @@ Real SglangPolicy and OpenAIChatPolicy against the replay server's injected faul
 
 from __future__ import annotations
 
+import contextlib
 import time
 from array import array
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -31,19 +33,26 @@ async def _generate(url: str, *, timeout_s: float = 30.0, retry_s: float = 10.0,
         return await policy.generate(PROMPT, 8)
 
 
+@contextlib.asynccontextmanager
+async def _faulty(mode: str, window_s: float) -> AsyncIterator[tuple[ReplayPolicyServer, str]]:
+    """A replay policy whose every /generate fails as `mode` says for `window_s` from now."""
+    replay = ReplayPolicyServer({}, fault_control=True)
+    url = await replay.start()
+    try:
+        replay.inject_fault(mode, window_s)
+        yield replay, url
+    finally:
+        await replay.stop()
+
+
 @pytest.mark.parametrize(("mode", "timeout_s"), [("error", 30.0), ("hang", 0.5)])
 async def test_a_policy_fault_shorter_than_the_retry_time_costs_the_call_only_time(
     mode: str, timeout_s: float
 ) -> None:
-    replay = ReplayPolicyServer({}, fault_control=True)
-    url = await replay.start()
-    try:
-        replay.inject_fault(mode, 1.5)
+    async with _faulty(mode, 1.5) as (replay, url):
         began = time.monotonic()
         reply = await _generate(url, timeout_s=timeout_s)
         took = time.monotonic() - began
-    finally:
-        await replay.stop()
     assert reply.output_ids and len(reply.logprobs) == len(reply.output_ids)
     assert 1.4 < took < 8.0, took
     if mode == "error":  # (a held request is answered at the window's end, its caller gone)
@@ -51,39 +60,27 @@ async def test_a_policy_fault_shorter_than_the_retry_time_costs_the_call_only_ti
 
 
 async def test_a_policy_failing_past_the_retry_time_is_a_policy_error_naming_the_status() -> None:
-    replay = ReplayPolicyServer({}, fault_control=True)
-    url = await replay.start()
-    try:
-        replay.inject_fault("error", 60)
+    async with _faulty("error", 60) as (_, url):
         began = time.monotonic()
         with pytest.raises(PolicyUnavailable) as caught:
             await _generate(url, retry_s=1.0)
         took = time.monotonic() - began
-    finally:
-        await replay.stop()
     assert caught.value.reason == "POLICY_ERROR"
     assert "HTTP 500" in caught.value.message and "injected policy fault" in caught.value.message
     assert 1.0 <= took < 5.0, took
 
 
 async def test_a_hang_past_the_retry_time_is_policy_unavailable() -> None:
-    replay = ReplayPolicyServer({}, fault_control=True)
-    url = await replay.start()
-    try:
-        replay.inject_fault("hang", 4)  # (the server holds each request to the window's end)
+    # (The server holds each request to the window's end, and its stop waits for them.)
+    async with _faulty("hang", 4) as (_, url):
         with pytest.raises(PolicyUnavailable) as caught:
             await _generate(url, timeout_s=0.3, retry_s=1.0)
-    finally:
-        await replay.stop()
     assert caught.value.reason == "POLICY_UNAVAILABLE"
     assert "TimeoutError" in caught.value.message
 
 
 async def test_one_attempt_means_no_retry_and_4xx_is_never_retried() -> None:
-    replay = ReplayPolicyServer({}, fault_control=True)
-    url = await replay.start()
-    try:
-        replay.inject_fault("error", 60)
+    async with _faulty("error", 60) as (replay, url):
         began = time.monotonic()
         with pytest.raises(PolicyUnavailable) as once:
             await _generate(url, attempts=1)
@@ -93,7 +90,5 @@ async def test_one_attempt_means_no_retry_and_4xx_is_never_retried() -> None:
         with pytest.raises(PolicyUnavailable) as refused:
             await _generate(url + "/nowhere")  # HTTP 404: the same answer next time
         assert time.monotonic() - began < 1.0
-    finally:
-        await replay.stop()
     assert once.value.reason == refused.value.reason == "POLICY_ERROR"
     assert "HTTP 404" in refused.value.message
