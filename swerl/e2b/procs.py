@@ -75,6 +75,14 @@ class ProcessConfig:
 
 # What envd's end event says of a process a SIGKILL ended (Go's ProcessState.String()).
 SIGNAL_KILLED = "signal: killed"
+# envd's end of a process a signal killed (Go's ProcessState for a signal death: exit code -1,
+# not exited, status and cmd.Wait's error `signal: killed`), whoever sent the signal.
+SIGNAL_KILLED_END: dict[str, Any] = {
+    "exitCode": -1,
+    "exited": False,
+    "status": SIGNAL_KILLED,
+    "error": SIGNAL_KILLED,
+}
 
 # The pause between two polls of a running process's files: short while output comes, growing
 # while it is quiet.
@@ -494,8 +502,7 @@ class ProcessTable:
         if process.killed:  # the face's own kill (or timeout) raced it: that end stands
             await self._end_killed(process)
             return
-        end = {"exitCode": -1, "exited": False, "status": SIGNAL_KILLED, "error": SIGNAL_KILLED}
-        await process._emit({"end": end})
+        await process._emit({"end": dict(SIGNAL_KILLED_END)})
 
     async def _end_killed(self, process: Process) -> None:
         """A killed process's end: E2B's `signal: killed`, or the timeout's error."""
@@ -509,10 +516,8 @@ class ProcessTable:
                 ),
             )
             return
-        # envd kills with a signal (SendSignal): Go reports the signal death as exit code -1,
-        # not exited, status and error `signal: killed`.
-        end = {"exitCode": -1, "exited": False, "status": SIGNAL_KILLED, "error": SIGNAL_KILLED}
-        await process._emit({"end": end})
+        # envd kills with a signal (SendSignal): the same end as a kill from inside.
+        await process._emit({"end": dict(SIGNAL_KILLED_END)})
 
     async def _expire(self, process: Process) -> None:
         assert process.deadline is not None
