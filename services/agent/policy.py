@@ -131,6 +131,27 @@ def _failing(status: int, body: bytes, what: str) -> PolicyUnavailable:
     )
 
 
+async def _post(
+    session: aiohttp.ClientSession, url: str, retrying: Any, what: str, **request: Any
+) -> tuple[int, bytes]:
+    """POSTs under the retry policy (the module's docstring): the status and body of the first
+    answer that is not retried. A call still failing when the policy stops is PolicyUnavailable:
+    POLICY_ERROR naming the last status, or POLICY_UNAVAILABLE naming the transport's error."""
+    try:
+        async for attempt in retrying:
+            with attempt:
+                async with session.post(url, **request) as response:
+                    raw = await response.read()
+                    if response.status in RETRIED_STATUSES:
+                        raise _ServerFailing(response.status, raw)
+                    return response.status, raw
+    except _ServerFailing as err:
+        raise _failing(err.status, err.body, what) from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
+        raise PolicyUnavailable(f"{what} {url} unreachable: {type(err).__name__}: {err}") from err
+    raise AssertionError("unreachable")
+
+
 async def _in_pool(executor: Executor | None, fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
@@ -280,8 +301,6 @@ class SglangPolicy:
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._executor = executor
-        self._attempts = connect_attempts
-        self._max_delay_s = connect_max_delay_s
         self._sent = array("i")
         # The sent ids' JSON in pieces, one per call (each after the first starts with a comma):
         # joined only into the body, so a long prompt's JSON is not copied into a new string at
@@ -332,35 +351,23 @@ class SglangPolicy:
             raise PolicyUnavailable(f"unreadable policy reply: {err}", "POLICY_BAD_REPLY") from err
 
     async def _post(self, body: bytes) -> bytes:
-        try:
-            async for attempt in self._retrying:
-                with attempt:
-                    async with self._session.post(
-                        self._url,
-                        data=body,
-                        headers=self._headers,
-                        timeout=self._timeout,
-                    ) as response:
-                        raw = await response.read()
-                        if response.status == 400 and over_context_length(raw):
-                            raise ContextExhausted(
-                                "the policy engine refused the prompt as longer than its"
-                                f" context length: {raw[:300].decode(errors='replace')}"
-                            )
-                        if response.status in RETRIED_STATUSES:
-                            raise _ServerFailing(response.status, raw)
-                        if response.status != 200:
-                            raise _failing(response.status, raw, "policy server")
-                        return raw
-        except (PolicyUnavailable, ContextExhausted):
-            raise
-        except _ServerFailing as err:
-            raise _failing(err.status, err.body, "policy server") from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            raise PolicyUnavailable(
-                f"policy server {self._url} unreachable: {type(err).__name__}: {err}"
-            ) from err
-        raise AssertionError("unreachable")
+        status, raw = await _post(
+            self._session,
+            self._url,
+            self._retrying,
+            "policy server",
+            data=body,
+            headers=self._headers,
+            timeout=self._timeout,
+        )
+        if status == 400 and over_context_length(raw):
+            raise ContextExhausted(
+                "the policy engine refused the prompt as longer than its"
+                f" context length: {raw[:300].decode(errors='replace')}"
+            )
+        if status != 200:
+            raise _failing(status, raw, "policy server")
+        return raw
 
 
 _OPENAI_KEYS = {
@@ -401,8 +408,8 @@ class OpenAIChatPolicy:
         self._headers = dict(headers or {})
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._attempts = connect_attempts
-        self._max_delay_s = connect_max_delay_s
+        # One retry state per client: an episode's calls come one at a time (as SglangPolicy's).
+        self._retrying = policy_retrying(connect_attempts, connect_max_delay_s)
 
     async def chat(self, messages: Sequence[Mapping[str, Any]], max_new_tokens: int) -> Generation:
         payload: dict[str, Any] = {
@@ -413,28 +420,17 @@ class OpenAIChatPolicy:
         }
         if self._tools:
             payload["tools"] = self._tools
-        try:
-            async for attempt in async_retrying(
-                max_attempts=self._attempts,
-                max_delay_s=self._max_delay_s,
-                max_wait_s=2.0,
-                retry_on=_worth_retrying,
-            ):
-                with attempt:
-                    async with self._session.post(
-                        self._url, json=payload, headers=self._headers, timeout=self._timeout
-                    ) as response:
-                        raw = await response.read()
-                        if response.status in RETRIED_STATUSES:
-                            raise _ServerFailing(response.status, raw)
-                        if response.status != 200:
-                            raise _failing(response.status, raw, "chat server")
-        except PolicyUnavailable:
-            raise
-        except _ServerFailing as err:
-            raise _failing(err.status, err.body, "chat server") from None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as err:
-            raise PolicyUnavailable(f"chat server {self._url} unreachable: {err}") from err
+        status, raw = await _post(
+            self._session,
+            self._url,
+            self._retrying,
+            "chat server",
+            json=payload,
+            headers=self._headers,
+            timeout=self._timeout,
+        )
+        if status != 200:
+            raise _failing(status, raw, "chat server")
         try:
             choice = json.loads(raw)["choices"][0]
             message = choice["message"]
