@@ -114,7 +114,13 @@ class DockerBackend:
         if down.done():
             raise DockerUnavailable(self.down_message)
         work = loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-        await asyncio.wait((work, down), return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait((work, down), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The caller was cancelled (a destroy under a starting shell, a loop shutting
+            # down): the call runs on in its thread, and its failure is nobody's to report.
+            work.add_done_callback(_drop_result)
+            raise
         if not work.done():
             work.add_done_callback(_drop_result)  # Its thread ends unseen, however it ends.
             raise DockerUnavailable(self.down_message)
