@@ -92,6 +92,9 @@ POLL_MAX_S = 0.2
 # cleanup command once the lane has been idle CLEANUP_IDLE_S (or holds CLEANUP_MAX of them).
 CLEANUP_IDLE_S = 0.05
 CLEANUP_MAX = 200
+# A running process's output files (on the sandbox's /dev/shm, i.e. memory) are freed up to
+# what the face has read once that is this much more than what was freed before.
+FREE_EVERY_BYTES = 1 << 20
 
 
 @dataclass
@@ -110,6 +113,8 @@ class Process:
     start: Any = None  # the ExecStart of its launch command
     out_read: int = 0  # bytes of its stdout file already emitted
     err_read: int = 0
+    out_freed: int = 0  # bytes of its stdout file punched out (read, so no longer kept)
+    err_freed: int = 0
 
     def info(self) -> dict[str, Any]:
         body: dict[str, Any] = {"config": self.config.as_json(), "pid": self.pid}
@@ -436,8 +441,15 @@ class ProcessTable:
     async def _poll(self, process: Process) -> bool:
         ended = self._take_trash()
         rec, seen = self._rec(process), (process.out_read, process.err_read)
-        source = poll_command(rec, *seen, self.cap, ended)
-        return await self._reported(process, source, ended)
+        free_out, free_err = (
+            _to_free(process.out_read, process.out_freed),
+            _to_free(process.err_read, process.err_freed),
+        )
+        source = poll_command(rec, *seen, self.cap, ended, free_out=free_out, free_err=free_err)
+        moved = await self._reported(process, source, ended)
+        process.out_freed = max(process.out_freed, free_out)
+        process.err_freed = max(process.err_freed, free_err)
+        return moved
 
     async def _kill(self, process: Process) -> bool:
         ended = self._take_trash()
@@ -555,6 +567,11 @@ class ProcessTable:
             self._lane.cancel()
             with contextlib.suppress(BaseException):
                 await self._lane
+
+
+def _to_free(read: int, freed: int) -> int:
+    """Up to where an output file is freed now: what was read, once enough more than before."""
+    return read if read - freed >= FREE_EVERY_BYTES else 0
 
 
 def _exec_error(err: grpc.aio.AioRpcError) -> ConnectError:

@@ -5,11 +5,15 @@ back exact, a kill ends only its own command, and nothing is left behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 
 import pytest
 from conftest import Face
 from e2b import AsyncSandbox, CommandExitException, Sandbox
+
+from swerl.e2b.scripts import DONE_FIFO, RECORD_DIR
 
 pytestmark = pytest.mark.docker
 
@@ -25,10 +29,11 @@ CLEANUP_WITHIN_S = 5.0
 
 def leftovers(sandbox: Sandbox) -> list[str]:
     """The face's per-process files still in the sandbox (listed without running a process)
-    once its batched cleanup has had CLEANUP_WITHIN_S to run."""
+    once its batched cleanup has had CLEANUP_WITHIN_S to run: all but the done FIFO, which
+    stays for the sandbox's life."""
     deadline = time.monotonic() + CLEANUP_WITHIN_S
     while True:
-        names = [e.name for e in sandbox.files.list("/tmp") if e.name.startswith(".swerl-e2b-")]
+        names = [e.name for e in sandbox.files.list(RECORD_DIR) if e.path != DONE_FIFO]
         if not names or time.monotonic() > deadline:
             return names
         time.sleep(0.05)
@@ -166,3 +171,75 @@ async def test_the_async_sdk_runs_background_commands_side_by_side(face: Face, b
     finally:
         await sandbox.kill()
     await asyncio.to_thread(face.assert_nothing_left)
+
+
+# What a running command writes here: 8 MiB, in 1 MiB pieces of one digit each, then it waits.
+WRITTEN = 8 << 20
+SPACED_WRITER = (
+    "for i in 1 2 3 4 5 6 7 8; do head -c 1048576 /dev/zero | tr '\\0' \"$i\"; sleep 0.05; done;"
+    " sleep 60"
+)
+
+
+def test_a_running_commands_output_is_freed_in_the_sandbox_as_the_face_reads_it(
+    face: Face, base_image: str
+):
+    # A process's output files are on the sandbox's /dev/shm (memory, 64 MiB in Docker by
+    # default): what the face has read is punched out of them while the process runs on, and
+    # the bytes the client gets stay exact.
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        got: list[str] = []
+
+        def write() -> None:  # the sync SDK calls on_stdout while it waits: in a thread
+            with contextlib.suppress(CommandExitException):  # its end is the kill below
+                sandbox.commands.run(SPACED_WRITER, on_stdout=got.append, timeout=120)
+
+        writing = threading.Thread(target=write)
+        writing.start()
+        deadline = time.monotonic() + 60
+        while sum(map(len, got)) < WRITTEN and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "".join(got) == "".join(str(i) * (1 << 20) for i in range(1, 9))
+        [writer] = sandbox.commands.list()
+
+        def held() -> int:  # bytes the writer's stdout file holds in memory (512 B blocks)
+            stat = f"stat -c %b {RECORD_DIR}/*-{writer.pid}.out"
+            return int(sandbox.commands.run(stat).stdout) * 512
+
+        deadline = time.monotonic() + 10
+        while held() >= 1 << 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert held() < 1 << 20
+        # The file keeps its size (a hole reads as zeros): offsets stay true.
+        size = sandbox.commands.run(f"stat -c %s {RECORD_DIR}/*-{writer.pid}.out").stdout
+        assert int(size) == WRITTEN
+        assert sandbox.commands.kill(writer.pid) is True
+        writing.join(30)
+        assert not writing.is_alive()
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()
+
+
+def test_a_running_command_ends_as_killed_when_every_process_in_the_sandbox_is_killed(
+    face: Face, base_image: str
+):
+    # `kill -9 -1` takes the container down; the node starts it again (with an empty /dev/shm,
+    # where the face kept the running command's files): the command ends as envd ends a
+    # signal-killed process, and the sandbox runs the next command.
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        sleeper = sandbox.commands.run("sleep 60", background=True)
+        with contextlib.suppress(Exception):  # what kills the machinery has no report of its own
+            sandbox.commands.run("kill -9 -1")
+        began = time.monotonic()
+        with pytest.raises(CommandExitException) as killed:
+            sleeper.wait()
+        assert (killed.value.exit_code, killed.value.error) == (-1, "signal: killed")
+        assert time.monotonic() - began < QUICK_S
+        assert sandbox.commands.run("echo again").stdout == "again\n"
+        assert sandbox.commands.list() == []
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()

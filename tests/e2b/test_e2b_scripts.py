@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from swerl.e2b.scripts import (
+    RECORD_DIR,
     cleanup_command,
     files,
     job_spec,
@@ -54,6 +55,7 @@ def test_a_poll_does_not_take_a_status_file_still_empty(base_image: str):
     f = files(REC)
     poll = poll_command(REC, 0, 0, 1 << 20, [])
     script = (
+        f"mkdir -p {RECORD_DIR}; echo $$ >{f}.pgid; "  # its group's shell: this one, alive
         f"printf 'out' >{f}.out; : >{f}.err; : >{f}.rc; {{ {poll}; }}; printf '|'; "
         f"echo 5 >{f}.rc; {{ {poll}; }}"
     )
