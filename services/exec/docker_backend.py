@@ -93,6 +93,9 @@ class DockerBackend:
         # Done while dockerd is down (mark_down): what every waiting call races against.
         self._down: asyncio.Future[None] | None = None
         self.down_message = ""
+        # When dockerd was last seen down (wall clock; 0: never): a container that stopped
+        # since then may have been stopped by that dockerd (its kill events die with it).
+        self.last_down_wall = 0.0
 
     @classmethod
     def from_env(cls, *, threads: int = 32, docker_host: str | None = None) -> DockerBackend:
@@ -141,6 +144,7 @@ class DockerBackend:
         """dockerd does not answer: calls waiting on it, and new ones until `mark_up`, fail now
         with DockerUnavailable(message)."""
         self.down_message = message
+        self.last_down_wall = time.time()
         down = self._down_future(asyncio.get_running_loop())
         if not down.done():
             down.set_result(None)

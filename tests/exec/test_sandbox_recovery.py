@@ -257,3 +257,72 @@ async def test_a_container_that_keeps_stopping_is_not_started_again_forever(node
     err = await rpc_error(node.client.run(sid, "true"))
     assert_status(err, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_NOT_RUNNING")
     assert f"stopped {MAX_RESTARTS} times" in err.details()
+
+
+def _kill_every_process_inside(sandbox_id: str) -> None:
+    """What a command's `kill -9 -1` does, from a process of Docker's own: no kill event."""
+    client = docker.from_env()
+    try:
+        container = client.containers.get(f"swerl-{sandbox_id}")
+        container.exec_run(["sh", "-c", "kill -9 -1"], detach=True)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("how", ["docker-kills-it", "dockerd-down-meanwhile"])
+async def test_a_container_docker_stops_as_it_is_started_again_is_stopped_not_lost(
+    node, sandbox, monkeypatch, how
+):
+    # Issue 24: a command kills every process while dockerd restarts; the node's start of the
+    # container again (right after the command's end, so that the next command finds it up)
+    # meets dockerd stopping it (a restarting dockerd stops every container, and its record of
+    # the kill goes with it). That is Docker's doing, not the command's: the sandbox is not
+    # lost, and the next command starts the container again. Before, the sandbox was lost
+    # (SANDBOX_NOT_RUNNING), and an agent blamed the policy for it (SANDBOX_BROKEN).
+    sid = sandbox.sandbox_id
+    backend = node.node.backend
+    real_start = backend.start
+    interfered: list[str] = []
+
+    async def start_then_stopped(container_id: str) -> str:
+        refused = await real_start(container_id)
+        if not interfered:
+            interfered.append(container_id)
+            if how == "docker-kills-it":
+                await asyncio.to_thread(_docker, sid, "kill")  # a kill Docker records
+            else:  # seen down by the node's health check, then its containers stopped
+                backend.mark_down("dockerd restarting (test)")
+                backend.mark_up()
+                await asyncio.to_thread(_kill_every_process_inside, sid)
+        return refused
+
+    monkeypatch.setattr(backend, "start", start_then_stopped)
+    killer = await node.client.run(sid, "kill -9 -1; sleep 30", timeout_s=TIMEOUT_S)
+    assert (killer.exit_code, killer.timed_out) == (137, False)
+    after = await node.client.run(sid, "echo next")
+    assert interfered
+    assert (after.exit_code, after.stdout, after.sandbox_restarted) == (0, b"next\n", True)
+    assert await _state(node, sid) == pb.SANDBOX_STATE_RUNNING
+
+
+async def test_a_container_that_stops_by_itself_as_it_is_started_again_is_still_lost(
+    node, sandbox, monkeypatch
+):
+    # The other side of the test above: with no sign of Docker (no kill it recorded, dockerd
+    # never seen down), a container that dies right after its start is the sandbox's own
+    # trouble, and the sandbox is lost as before.
+    sid = sandbox.sandbox_id
+    backend = node.node.backend
+    real_start = backend.start
+
+    async def start_then_dies(container_id: str) -> str:
+        refused = await real_start(container_id)
+        await asyncio.to_thread(_kill_every_process_inside, sid)
+        return refused
+
+    monkeypatch.setattr(backend, "start", start_then_dies)
+    killer = await node.client.run(sid, "kill -9 -1; sleep 30", timeout_s=TIMEOUT_S)
+    assert killer.exit_code == 137
+    err = await rpc_error(node.client.run(sid, "echo next"))
+    assert_status(err, grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_NOT_RUNNING")
+    assert "stopped again right after a start" in err.details()

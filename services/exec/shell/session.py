@@ -183,21 +183,53 @@ class SandboxShell:
             )
         self._restart_times.append(now)
         log.warning("sandbox.restarting", container_id=short, ended=_how_it_ended(state))
+        started_wall = time.time()
         refused = await self._backend.start(self.container_id)
         if refused:
-            raise self._lose(self._not_running(f"Docker refuses to start it ({refused})"))
+            raise await self._docker_or_lost(
+                started_wall, self._not_running(f"Docker refuses to start it ({refused})")
+            )
         try:
             sup = await Supervisor.start(self._backend, self.container_id, self.io_dir, self._env)
         except ShellUnavailable as exc:
             again = await self._settled_state(exc)
             if again is not None and again.running:
                 raise  # the container runs: the shell's own trouble, not the sandbox's
-            raise self._lose(
-                self._not_running(f"it stopped again right after a start ({_how_it_ended(again)})")
+            raise await self._docker_or_lost(
+                started_wall,
+                self._not_running(f"it stopped again right after a start ({_how_it_ended(again)})"),
             ) from exc
         self._restarted = True
         log.warning("sandbox.restarted", container_id=short)
         return sup
+
+    async def _docker_or_lost(
+        self, since: float, lost: SandboxNotRunning
+    ) -> DockerUnavailable | SandboxStopped | SandboxNotRunning | SandboxContainerRemoved:
+        """Why a container started again at `since` (wall clock) did not come up: Docker's doing
+        when dockerd stopped it (a kill it recorded, or dockerd seen down since: a restarting
+        dockerd stops every container, and its record of the kill goes with it) or does not
+        answer; the sandbox is then not lost, and the next command starts it again. Otherwise
+        the sandbox is lost with `lost`."""
+        short = self.container_id[:12]
+        found = await self.stopped_by_docker(since)
+        if isinstance(found, DockerUnavailable):
+            return found
+        if found is not None or self._backend.last_down_wall >= since:
+            why = (
+                f"Docker stopped it (signal {found.metadata['signal']})"
+                if found is not None
+                else "dockerd went down meanwhile (a dockerd stopping or restarting stops every"
+                " container)"
+            )
+            log.warning("sandbox.restart_stopped_by_docker", container_id=short)
+            return SandboxStopped(
+                f"the sandbox's container did not come up when started again: {why}; the next"
+                " command starts it again",
+                container_id=short,
+                signal=found.metadata.get("signal") if found is not None else None,
+            )
+        return self._lose(lost)
 
     def _lose(
         self, error: SandboxNotRunning | SandboxContainerRemoved
