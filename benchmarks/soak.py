@@ -5,10 +5,11 @@ random moments, proving that no episode is lost and no sandbox is left behind.
 
 Every service is a separate process on loopback (`soakkit.SoakCluster`) over a dockerd of the
 soak's own. The policies are `swerl replay serve` processes playing gold, wrong, garbage and
-destructive (kill every process of the sandbox) scripts over the bundled tasks; each episode
-picks one at random. Faults, one at a time at random moments (seeded): SIGKILL and restart of an
-exec node, of the pool, of an agent; SIGSTOP of a node for 10 s; the policy answering 500 or
-hanging; the private dockerd restarted.
+destructive (kill every process of the sandbox) scripts over the bundled tasks, gold and wrong
+also through native tool calls (agent config `tools`) and through the mini-swe-agent harness
+(over the episode's gateway session); each episode picks one at random. Faults, one at a time
+at random moments (seeded): SIGKILL and restart of an exec node, of the pool, of an agent;
+SIGSTOP of a node for 10 s; the policy answering 500 or hanging; the private dockerd restarted.
 
 Every episode ends one of three ways: a result (any status), an error at the caller (a gRPC
 status from the agent, e.g. UNAVAILABLE when the agent was killed), or lost (the caller's own
@@ -34,7 +35,7 @@ from typing import Any
 
 import benchkit
 import grpc
-from soakkit import POLICY_VARIANTS, PrivateDockerd, SoakCluster
+from soakkit import HARNESS, POLICY_VARIANTS, PrivateDockerd, SoakCluster
 
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2 as pb
@@ -137,12 +138,17 @@ def episode_start(episode: Episode, policy_url: str) -> pb.EpisodeStart:
         ),
         limits=agent_client.episode_limits(
             max_turns=6,
-            max_new_tokens=1024,
+            # mini-swe-agent's gold reply carries the whole patch (base64) in one tool call
+            max_new_tokens=4096 if episode.variant.endswith("-mini") else 1024,
             wall_timeout_s=WALL_TIMEOUT_S,
             command_timeout_s=30,
             eval_timeout_s=EVAL_TIMEOUT_S,
         ),
-        options=pb.EpisodeOptions(owner="soak"),
+        options=pb.EpisodeOptions(
+            owner="soak",
+            config_name="tools" if episode.variant.endswith("-tools") else "",
+            harness=HARNESS if episode.variant.endswith("-mini") else "",
+        ),
         sampling_params={"temperature": 1.0},
     )
 
@@ -480,6 +486,13 @@ def summarize(soak: Soak, left: list[str], waited_s: float, memory_after: dict[s
             for e in unexplained
             if e.variant == "destructive"
         ],
+        # A harness that failed on gold or wrong scripts: what the harness said (a fault that
+        # ends a harness episode must be told as infra, not as the harness's failure).
+        "harness_failed": [
+            f"{e.episode_id} {e.variant} +{e.ended:.1f} s ({e.message})"
+            for e in episodes
+            if e.status == "HARNESS_FAILED"
+        ],
         "infra_detail": detail,
         "told_late": slow,
         "faults_planned": len(soak.faults),
@@ -557,6 +570,8 @@ def print_report(r: dict) -> None:
     )
     for line in r["infra_unexplained"]:
         print(f"    unexplained: {line}")
+    for line in r["harness_failed"]:
+        print(f"    harness failed: {line}")
     print("  infra reasons:   " + ", ".join(f"{k} {v}" for k, v in r["infra_reasons"].items()))
     print(f"  {'fault':16s} {'target':13s} {'at s':>7s} {'recov s':>8s}")
     for f in r["faults"]:

@@ -38,7 +38,33 @@ from swerl.tasks import TaskInstance
 
 START_TIMEOUT_S = 120.0
 # Replay policy variants the soak runs, one server process each ("garbage" answers noise).
-POLICY_VARIANTS = ("gold", "wrong", "garbage", "destructive")
+# What each replay policy plays: a variant of the bundled tasks' scripts, and how the episode
+# acts: the builtin loop's bash blocks (no suffix), its native tool calls (`-tools`: agent config
+# `tools`, Qwen's <tool_call> format) or the mini-swe-agent harness over the episode's gateway
+# session (`-mini`).
+POLICY_VARIANTS = (
+    "gold",
+    "wrong",
+    "garbage",
+    "destructive",
+    "gold-tools",
+    "wrong-tools",
+    "gold-mini",
+    "wrong-mini",
+)
+TOOL_CALL_PARSER = "qwen25"
+HARNESS = "mini-swe-agent"
+
+
+def replay_args(variant: str) -> list[str]:
+    """`swerl replay serve` arguments of a policy variant."""
+    script, _, kind = variant.partition("-")
+    args = ["--garbage"] if script == "garbage" else ["--variant", script]
+    if kind == "tools":
+        args += ["--tool-call-parser", TOOL_CALL_PARSER]
+    elif kind == "mini":
+        args += ["--harness", HARNESS]
+    return args
 
 
 def free_port() -> int:
@@ -359,7 +385,7 @@ class SoakCluster:
         for variant in POLICY_VARIANTS:
             port = free_port()
             self.policy_urls[variant] = f"http://127.0.0.1:{port}"
-            choice = ["--garbage"] if variant == "garbage" else ["--variant", variant]
+            choice = replay_args(variant)
             self.policy_procs[variant] = Proc(
                 f"policy-{variant}",
                 [*run, "replay", "serve", "--port", str(port), "--fault-control", *choice],

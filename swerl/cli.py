@@ -84,7 +84,13 @@ def _replay_serve(args: argparse.Namespace) -> int:
     from swerl.tasks import default_tasks_dir, load_tasks
 
     tasks = load_tasks(Path(args.tasks) if args.tasks else default_tasks_dir())
-    scripts = {} if args.garbage else scripts_for_tasks(tasks, args.variant)
+    scripts = (
+        {}
+        if args.garbage
+        else scripts_for_tasks(
+            tasks, args.variant, tool_call_parser=args.tool_call_parser, harness=args.harness
+        )
+    )
 
     async def main() -> None:
         server = ReplayPolicyServer(
@@ -186,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--tasks", help="tasks directory (default: the bundled examples)")
     rs.add_argument("--variant", choices=["gold", "wrong", "destructive"], default="gold")
     rs.add_argument("--garbage", action="store_true", help="answer random tokens")
+    rs.add_argument(
+        "--tool-call-parser",
+        default="",
+        help="gold and wrong act through tool calls in this parser's format (e.g. qwen25), for"
+        " episodes of the `tool_calls` protocol (agent config `tools`)",
+    )
+    rs.add_argument(
+        "--harness",
+        default="",
+        choices=["", "mini-swe-agent", "claude-code"],
+        help="gold and wrong act through this harness's own tools (EpisodeOptions.harness)",
+    )
     rs.add_argument("--latency-s", type=float, default=0.0)
     rs.add_argument("--tokenizer", help="tokenizer directory (default: bundled Qwen3)")
     rs.add_argument(

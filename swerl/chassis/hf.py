@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 from typing import Any
+
+# One load at a time: the agent loads tokenizers on worker threads, and two first loads at once
+# imported transformers from two threads, where one of them found it half-initialised
+# ("cannot import name 'AutoTokenizer' from 'transformers'", seen in the 4 Dec soak); and
+# two loads of one path would each build the tokenizer (the cache only keeps the last).
+_LOADING = threading.Lock()
 
 
 def bundled_qwen3_tokenizer_dir() -> Path:
@@ -24,20 +31,34 @@ def bundled_qwen3_tokenizer_dir() -> Path:
     return path
 
 
-@functools.lru_cache(maxsize=8)
-def _load_cached(path: str) -> Any:
+def import_transformers() -> Any:
+    """transformers' AutoTokenizer, imported (with every hub lookup off) under the load lock. A
+    service that loads tokenizers on worker threads calls it once at start, on its main thread,
+    so that no other library's import of transformers on another thread meets it half done."""
+    with _LOADING:
+        return _auto_tokenizer()
+
+
+def _auto_tokenizer() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # Its import-time advice that PyTorch is absent does not apply to a tokenizer.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str) -> Any:
+    return _auto_tokenizer().from_pretrained(path, local_files_only=True)
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """An AutoTokenizer from a local directory (cached per resolved path; never touches a hub)."""
+    """An AutoTokenizer from a local directory (cached per resolved path, loaded once even when
+    many threads ask at once; never touches a hub)."""
     resolved = Path(path).expanduser().resolve()
     if not resolved.is_dir():
         raise FileNotFoundError(f"tokenizer directory {resolved} does not exist")
-    return _load_cached(str(resolved))
+    with _LOADING:
+        return _load_cached(str(resolved))
