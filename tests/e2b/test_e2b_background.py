@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from conftest import Face
@@ -27,6 +28,18 @@ QUICK_S = 2.0
 CLEANUP_WITHIN_S = 5.0
 
 
+@contextlib.contextmanager
+def held_sandbox(face: Face, base_image: str) -> Iterator[Sandbox]:
+    """A sandbox of the base image for a test's body, killed after it; then nothing of it is
+    left (no container, no lease)."""
+    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+    face.assert_nothing_left()
+
+
 def leftovers(sandbox: Sandbox) -> list[str]:
     """The face's per-process files still in the sandbox (listed without running a process)
     once its batched cleanup has had CLEANUP_WITHIN_S to run: all but the done FIFO, which
@@ -40,8 +53,7 @@ def leftovers(sandbox: Sandbox) -> list[str]:
 
 
 def test_foreground_commands_run_while_background_ones_do(face: Face, base_image: str):
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
+    with held_sandbox(face, base_image) as sandbox:
         late = sandbox.commands.run(
             "until [ -e /tmp/go ]; do sleep 0.1; done; echo done", background=True
         )
@@ -81,14 +93,10 @@ def test_foreground_commands_run_while_background_ones_do(face: Face, base_image
         # Neither the killed command's group nor any process's files are left in the sandbox.
         assert sandbox.commands.run("pgrep -f 'tick' || echo none").stdout == "none\n"
         assert leftovers(sandbox) == []
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()
 
 
 def test_two_background_commands_at_once_give_their_exact_output(face: Face, base_image: str):
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
+    with held_sandbox(face, base_image) as sandbox:
         # Large enough for many polls; stdout and stderr of each kept apart.
         counting = sandbox.commands.run("seq 1 200000; echo tail >&2; exit 4", background=True)
         lines = sandbox.commands.run(
@@ -112,16 +120,12 @@ def test_two_background_commands_at_once_give_their_exact_output(face: Face, bas
         assert result.stdout == "".join(f"l{i:03d}|" for i in range(1, 31))
         assert result.stderr == "".join(f"e{i}\n" for i in range(1, 31))
         assert leftovers(sandbox) == []
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()
 
 
 def test_a_long_foreground_command_streams_and_reconnects_while_another_runs(
     face: Face, base_image: str
 ):
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
+    with held_sandbox(face, base_image) as sandbox:
         reader = sandbox.commands.run(
             "while read -r line; do echo got:$line; done; echo eof", background=True, stdin=True
         )
@@ -140,9 +144,6 @@ def test_a_long_foreground_command_streams_and_reconnects_while_another_runs(
         result = again.wait()
         assert result.exit_code == 0 and result.stdout.endswith("got:two\neof\n")
         assert leftovers(sandbox) == []
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()
 
 
 def test_a_running_background_command_ends_with_its_sandbox(face: Face, base_image: str):
@@ -187,8 +188,7 @@ def test_a_running_commands_output_is_freed_in_the_sandbox_as_the_face_reads_it(
     # A process's output files are on the sandbox's /dev/shm (memory, 64 MiB in Docker by
     # default): what the face has read is punched out of them while the process runs on, and
     # the bytes the client gets stay exact.
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
+    with held_sandbox(face, base_image) as sandbox:
         got: list[str] = []
 
         def write() -> None:  # the sync SDK calls on_stdout while it waits: in a thread
@@ -217,9 +217,6 @@ def test_a_running_commands_output_is_freed_in_the_sandbox_as_the_face_reads_it(
         assert sandbox.commands.kill(writer.pid) is True
         writing.join(30)
         assert not writing.is_alive()
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()
 
 
 def test_a_running_command_ends_as_killed_when_every_process_in_the_sandbox_is_killed(
@@ -228,8 +225,7 @@ def test_a_running_command_ends_as_killed_when_every_process_in_the_sandbox_is_k
     # `kill -9 -1` takes the container down; the node starts it again (with an empty /dev/shm,
     # where the face kept the running command's files): the command ends as envd ends a
     # signal-killed process, and the sandbox runs the next command.
-    sandbox = Sandbox.create(base_image, timeout=120, **face.opts)
-    try:
+    with held_sandbox(face, base_image) as sandbox:
         sleeper = sandbox.commands.run("sleep 60", background=True)
         with contextlib.suppress(Exception):  # what kills the machinery has no report of its own
             sandbox.commands.run("kill -9 -1")
@@ -240,6 +236,3 @@ def test_a_running_command_ends_as_killed_when_every_process_in_the_sandbox_is_k
         assert time.monotonic() - began < QUICK_S
         assert sandbox.commands.run("echo again").stdout == "again\n"
         assert sandbox.commands.list() == []
-    finally:
-        sandbox.kill()
-    face.assert_nothing_left()
