@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -248,6 +249,13 @@ def _eval(args: argparse.Namespace) -> int:
             return await _run(args)
         except asyncio.CancelledError:
             print("\ninterrupted; run the same command again to resume", file=sys.stderr)
+            # Episodes are cancelled and their sandboxes released by now; what is left is the
+            # loop's shutdown. A second Ctrl-C ends the process at once, and a shutdown still
+            # running after EXIT_STACKS_AFTER_S writes every thread's stack (what it waits on).
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_DFL)
+            faulthandler.dump_traceback_later(EXIT_STACKS_AFTER_S)
             return 130
 
     try:
@@ -255,6 +263,12 @@ def _eval(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"swerl eval: {exc}", file=sys.stderr)
         return 2
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+# After an interruption, how long the shutdown may take before every thread's stack is written.
+EXIT_STACKS_AFTER_S = 30.0
 
 
 MAX_BRANCHES = 64  # EpisodeBranch.count's limit in the agent contract

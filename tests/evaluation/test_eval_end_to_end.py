@@ -166,7 +166,13 @@ def test_sigint_leaves_no_sandbox_and_a_resumable_output_dir(tmp_path):
             assert time.monotonic() < deadline, "no episode finished while others ran"
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=60)
+        try:
+            stdout, stderr = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            _, stderr = process.communicate()
+            # (swerl eval writes every thread's stack 30 s into a shutdown that hangs)
+            pytest.fail(f"swerl eval still running 60 s after SIGINT:\n{stderr[-12000:]}")
     finally:
         if process.poll() is None:
             process.kill()
