@@ -101,8 +101,9 @@ class SandboxShell:
 
     async def stopped_by_docker(self, since: float) -> DockerUnavailable | SandboxStopped | None:
         """Why a supervisor died under a command that started at `since` (wall clock), when the
-        command did not do it: Docker stopped the container (a kill it recorded, e.g. a dockerd
-        stopping or restarting stops every container), or dockerd no longer answers. None when
+        command did not do it: Docker stopped the container (a kill it recorded, or dockerd seen
+        down since `since`: a stopping or restarting dockerd stops every container, and a
+        restarted one has lost its record of the kill), or dockerd no longer answers. None when
         the command (or something inside the container) ended it: its exit status says so."""
         try:
             signal = await asyncio.wait_for(
@@ -122,12 +123,18 @@ class SandboxShell:
             )
         except Exception:  # an answer Docker could not give: nothing known against the command
             return None
-        if signal is None:
+        if signal is not None:
+            how = (
+                f"Docker stopped the sandbox's container (signal {signal}: `docker stop`, `kill`"
+                " or `restart`, or dockerd stopping or restarting)"
+            )
+        elif self._backend.last_down_wall >= since:
+            how = "dockerd went down (stopping or restarting, which stops every container)"
+        else:
             return None
         return SandboxStopped(
-            f"Docker stopped the sandbox's container (signal {signal}: `docker stop`, `kill` or"
-            " `restart`, or dockerd stopping or restarting) while the command ran; the command"
-            " was lost with it, and the next command starts the container again",
+            f"{how} while the command ran; the command was lost with it, and the next command"
+            " starts the container again",
             container_id=self.container_id[:12],
             signal=signal,
         )
@@ -207,29 +214,13 @@ class SandboxShell:
         self, since: float, lost: SandboxNotRunning
     ) -> DockerUnavailable | SandboxStopped | SandboxNotRunning | SandboxContainerRemoved:
         """Why a container started again at `since` (wall clock) did not come up: Docker's doing
-        when dockerd stopped it (a kill it recorded, or dockerd seen down since: a restarting
-        dockerd stops every container, and its record of the kill goes with it) or does not
-        answer; the sandbox is then not lost, and the next command starts it again. Otherwise
-        the sandbox is lost with `lost`."""
-        short = self.container_id[:12]
+        (`stopped_by_docker`), and the next command starts it again; otherwise the sandbox is
+        lost with `lost`."""
         found = await self.stopped_by_docker(since)
-        if isinstance(found, DockerUnavailable):
-            return found
-        if found is not None or self._backend.last_down_wall >= since:
-            why = (
-                f"Docker stopped it (signal {found.metadata['signal']})"
-                if found is not None
-                else "dockerd went down meanwhile (a dockerd stopping or restarting stops every"
-                " container)"
-            )
-            log.warning("sandbox.restart_stopped_by_docker", container_id=short)
-            return SandboxStopped(
-                f"the sandbox's container did not come up when started again: {why}; the next"
-                " command starts it again",
-                container_id=short,
-                signal=found.metadata.get("signal") if found is not None else None,
-            )
-        return self._lose(lost)
+        if found is None:
+            return self._lose(lost)
+        log.warning("sandbox.restart_stopped_by_docker", container_id=self.container_id[:12])
+        return found
 
     def _lose(
         self, error: SandboxNotRunning | SandboxContainerRemoved
