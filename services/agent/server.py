@@ -9,7 +9,6 @@ In-process, for tests and tools:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +20,6 @@ from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
-from swerl.chassis.hf import import_transformers
 from swerl.chassis.server import GrpcServer, ServiceHost
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
@@ -85,9 +83,6 @@ class AgentServer(ServiceHost):
         self.port = 0
 
     async def start(self) -> int:
-        # Episodes and gateway sessions load tokenizers on worker threads (and harnesses import
-        # their own libraries there): transformers is imported here first, before any of them.
-        await asyncio.to_thread(import_transformers)
         if self.gateway is not None:
             await self.gateway.start()
         return await super().start()

@@ -31,27 +31,15 @@ def bundled_qwen3_tokenizer_dir() -> Path:
     return path
 
 
-def import_transformers() -> Any:
-    """transformers' AutoTokenizer, imported (with every hub lookup off) under the load lock. A
-    service that loads tokenizers on worker threads calls it once at start, on its main thread,
-    so that no other library's import of transformers on another thread meets it half done."""
-    with _LOADING:
-        return _auto_tokenizer()
-
-
-def _auto_tokenizer() -> Any:
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     # Its import-time advice that PyTorch is absent does not apply to a tokenizer.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer
-
-
-@functools.lru_cache(maxsize=8)
-def _load_cached(path: str) -> Any:
-    return _auto_tokenizer().from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
