@@ -35,7 +35,7 @@ from typing import Any
 
 import benchkit
 import grpc
-from soakkit import HARNESS, POLICY_VARIANTS, PrivateDockerd, SoakCluster
+from soakkit import HARNESS, POLICY_VARIANTS, PrivateDockerd, SoakCluster, variant_parts
 
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2 as pb
@@ -126,6 +126,7 @@ def plan_faults(rng: random.Random, count: int, episodes: int) -> list[Fault]:
 
 
 def episode_start(episode: Episode, policy_url: str) -> pb.EpisodeStart:
+    _, kind = variant_parts(episode.variant)
     return agent_client.episode_start(
         episode_id=episode.episode_id,
         instance=instance_to_pb(episode.task.instance),
@@ -139,15 +140,15 @@ def episode_start(episode: Episode, policy_url: str) -> pb.EpisodeStart:
         limits=agent_client.episode_limits(
             max_turns=6,
             # mini-swe-agent's gold reply carries the whole patch (base64) in one tool call
-            max_new_tokens=4096 if episode.variant.endswith("-mini") else 1024,
+            max_new_tokens=4096 if kind == "mini" else 1024,
             wall_timeout_s=WALL_TIMEOUT_S,
             command_timeout_s=30,
             eval_timeout_s=EVAL_TIMEOUT_S,
         ),
         options=pb.EpisodeOptions(
             owner="soak",
-            config_name="tools" if episode.variant.endswith("-tools") else "",
-            harness=HARNESS if episode.variant.endswith("-mini") else "",
+            config_name="tools" if kind == "tools" else "",
+            harness=HARNESS if kind == "mini" else "",
         ),
         sampling_params={"temperature": 1.0},
     )

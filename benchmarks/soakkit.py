@@ -56,9 +56,16 @@ TOOL_CALL_PARSER = "qwen25"
 HARNESS = "mini-swe-agent"
 
 
+def variant_parts(variant: str) -> tuple[str, str]:
+    """A policy variant's script (gold, wrong, ...) and how its episodes act ("", "tools",
+    "mini")."""
+    script, _, kind = variant.partition("-")
+    return script, kind
+
+
 def replay_args(variant: str) -> list[str]:
     """`swerl replay serve` arguments of a policy variant."""
-    script, _, kind = variant.partition("-")
+    script, kind = variant_parts(variant)
     args = ["--garbage"] if script == "garbage" else ["--variant", script]
     if kind == "tools":
         args += ["--tool-call-parser", TOOL_CALL_PARSER]

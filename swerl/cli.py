@@ -80,9 +80,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay_serve(args: argparse.Namespace) -> int:
-    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+    from swerl.agent.replay import HARNESS_SCRIPTS, ReplayPolicyServer, scripts_for_tasks
     from swerl.tasks import default_tasks_dir, load_tasks
 
+    if args.harness and args.harness not in HARNESS_SCRIPTS:
+        known = ", ".join(sorted(HARNESS_SCRIPTS))
+        print(
+            f"swerl replay serve: --harness {args.harness!r} is not one of {known}",
+            file=sys.stderr,
+        )
+        return 2
     tasks = load_tasks(Path(args.tasks) if args.tasks else default_tasks_dir())
     scripts = (
         {}
@@ -201,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument(
         "--harness",
         default="",
-        choices=["", "mini-swe-agent", "claude-code"],
-        help="gold and wrong act through this harness's own tools (EpisodeOptions.harness)",
+        help="gold and wrong act through this harness's own tools (EpisodeOptions.harness):"
+        " mini-swe-agent or claude-code",
     )
     rs.add_argument("--latency-s", type=float, default=0.0)
     rs.add_argument("--tokenizer", help="tokenizer directory (default: bundled Qwen3)")
