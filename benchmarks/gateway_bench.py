@@ -221,7 +221,14 @@ def _serve_replay(port: int, turns: int, ready: Any) -> None:
 
 def _run_harnesses(sessions: list[tuple[str, str]], turns: int, out: Any) -> None:
     """The harness side, in its own process: one `openai` SDK conversation per session."""
+    import os
+
     import openai
+
+    # The harnesses stand for agents in sandboxes on the exec nodes, as the replay server stands
+    # for GPUs elsewhere: their own CPU (~2 ms per call in the SDK here) must not take this
+    # machine's cores from the agent either.
+    os.nice(10)
 
     async def one(base_url: str, secret: str) -> int:
         # A long timeout: on a loaded machine the default connect timeout killed the run.
@@ -303,7 +310,7 @@ async def stalls(
     try:
         if not await asyncio.to_thread(ready.wait, 600):
             raise RuntimeError("the replay server did not start")
-        async with local_gateway(threads=4) as gateway:
+        async with local_gateway() as gateway:  # the agent's gateway settings
             opened = [
                 await gateway.store.open(
                     SessionSpec(endpoint=f"http://127.0.0.1:{port}", tokenizer_path=TOKENIZER)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from swerl.agent.context import ContextExhausted
+from swerl.agent.pacing import IterationGate
 from swerl.agent.tokens import token_array
 from swerl.chassis.retry import async_retrying
 
@@ -285,8 +286,12 @@ class SglangPolicy:
         headers: Mapping[str, str] | None = None,
         return_routed_experts: bool = False,
         lora_path: str = "",
+        turns: IterationGate | None = None,
     ) -> None:
         self._session = session
+        # Sending a request (a new connection's set-up above all) waits its turn here when many
+        # policies share one event loop.
+        self._turns = turns
         self._url = endpoint.rstrip("/") + "/generate"
         # Extra headers of every call (the episode's routing key).
         self._headers = {**(headers or {}), "Content-Type": "application/json"}
@@ -344,6 +349,8 @@ class SglangPolicy:
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
         body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)
+        if self._turns is not None:
+            await self._turns.wait_turn()
         raw = await self._post(body)
         try:
             return await _in_pool(self._executor, self._parse, raw)

@@ -25,7 +25,7 @@ from swerl.agent.errors import (
     StartRequired,
     TokenizerUnavailable,
 )
-from swerl.agent.gateway.service import Gateway
+from swerl.agent.gateway.service import Gateway, gateway_cpu_pool
 from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
 from swerl.agent.judging import PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
@@ -76,6 +76,11 @@ class EpisodeRunner:
         self.settings = settings
         self.provider = provider
         self.executor = ThreadPoolExecutor(settings.cpu_threads, thread_name_prefix="agent-cpu")
+        # The model gateway's own CPU pool (gateway_cpu_pool: one thread below the loop's
+        # priority), apart from the episodes' pool.
+        self.gateway_executor = gateway_cpu_pool(
+            settings.gateway_cpu_threads, settings.gateway_cpu_nice
+        )
         self.tokenizer_pool: ProcessPoolExecutor | None = None
         if settings.tokenizer_processes > 0:
             # spawn, not fork: the parent runs gRPC threads, which fork would copy half-alive.
@@ -131,7 +136,7 @@ class EpisodeRunner:
                 gateway = Gateway(
                     http_session=self.session,
                     codecs=self.codec,
-                    executor=self.executor,
+                    executor=self.gateway_executor,
                     host="127.0.0.1",
                     port=0,
                     routing_key_header=self.settings.routing_key_header,
@@ -149,6 +154,7 @@ class EpisodeRunner:
         if self._session is not None:
             await self._session.close()
         self.executor.shutdown(wait=False)
+        self.gateway_executor.shutdown(wait=False)
         if self.tokenizer_pool is not None:
             self.tokenizer_pool.shutdown(wait=True, cancel_futures=True)
 

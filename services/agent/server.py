@@ -60,11 +60,12 @@ class AgentServer(ServiceHost):
         self.runner = EpisodeRunner(settings, provider, judge_factory=judge_factory)
         self.gateway: Gateway | None = None
         if settings.gateway_port is not None:
-            # The model gateway shares the runner's CPU pool, HTTP client and codec cache.
+            # The model gateway shares the runner's HTTP client and codec cache, and has a CPU
+            # pool of its own (the runner's gateway_executor).
             self.gateway = Gateway(
                 http_session=self.runner.session,
                 codecs=self.runner.codec,
-                executor=self.runner.executor,
+                executor=self.runner.gateway_executor,
                 host=settings.gateway_host or settings.host,
                 port=settings.gateway_port,
                 public_url=settings.gateway_public_url or "",

@@ -78,3 +78,16 @@ class AgentSettings(ServiceSettings):
         " (default: http://<host>:<gateway port>)",
     )
     gateway_max_sessions: int = Field(4096, description="open gateway sessions at most")
+    gateway_cpu_threads: int = Field(
+        1,
+        ge=1,
+        description="threads of the gateway's own CPU pool (rendering and tokenizing its calls);"
+        " one keeps the GIL from passing among them while the event loop waits",
+    )
+    gateway_cpu_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="how many nice steps the gateway's CPU threads run below the event loop's"
+        " thread (Linux), so a burst of calls does not keep the loop off the CPU; 0: the same",
+    )

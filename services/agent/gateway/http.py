@@ -138,6 +138,7 @@ class GatewayApp:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         try:
+            await self.store.turns.wait_turn()
             session = self._session(request)
             conv = await self._conversation(request, session, protocol)
             answer = await self.store.call(session, conv, protocol.name)

@@ -1,0 +1,109 @@
+"""The gateway under a burst of calls: each event-loop iteration runs only a few of the calls'
+steps, and its CPU pool runs below the loop's priority (real HTTP, the real `openai` SDK, the
+replay policy and the real Qwen3 tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import sys
+import threading
+
+import pytest
+
+from swerl.agent.gateway.service import GATEWAY_CPU_NICE, local_gateway
+from swerl.agent.gateway.session import GATEWAY_TURNS
+from swerl.agent.pacing import IterationGate
+from swerl.chassis.priority import cpu_pool
+from tests.agent.gateway_testkit import BASH_TOOL, KEY, async_client, gateway_env
+
+
+class _Counted(IterationGate):
+    """The gate, noting the loop iteration in which each caller got through."""
+
+    def __init__(self, size: int, iteration: list[int]) -> None:
+        super().__init__(size)
+        self._iteration = iteration
+        self.passes: list[int] = []
+
+    async def wait_turn(self) -> None:
+        await super().wait_turn()
+        self.passes.append(self._iteration[0])
+
+
+async def _burst(size: int, sessions: int = 24) -> list[int]:
+    """`sessions` concurrent first calls; the iterations their gated steps ran in."""
+    loop = asyncio.get_running_loop()
+    iteration = [0]
+    running = True
+
+    def count() -> None:  # runs once per iteration: scheduled in one, it runs in the next
+        iteration[0] += 1
+        if running:
+            loop.call_soon(count)
+
+    async with gateway_env({KEY: ["Nothing to do."]}) as env:
+        gate = _Counted(size, iteration)
+        env.gateway.store.turns = gate
+        opened = [await env.open() for _ in range(sessions)]
+        clients = [
+            async_client(base_url=env.openai_url(s), api_key=s.secret, max_retries=0)
+            for s in opened
+        ]
+        loop.call_soon(count)
+        try:
+            replies = await asyncio.gather(
+                *(
+                    c.chat.completions.create(
+                        model="m",
+                        messages=[{"role": "user", "content": f"{KEY}: look"}],
+                        tools=[BASH_TOOL],
+                    )
+                    for c in clients
+                )
+            )
+        finally:
+            running = False
+        assert [r.choices[0].message.content for r in replies] == ["Nothing to do."] * sessions
+        return gate.passes
+
+
+async def test_a_burst_of_calls_runs_at_most_a_few_gateway_steps_per_loop_iteration() -> None:
+    passes = await _burst(GATEWAY_TURNS)
+    # Each call waits its turn three times: its request read and matched, its policy request
+    # sent, its answer recorded and written.
+    assert len(passes) == 3 * 24
+    assert max(collections.Counter(passes).values()) <= GATEWAY_TURNS
+    # The same burst with a gate that never holds anyone back runs more than that in one
+    # iteration: the burst is real, and the bound above is the gate's doing.
+    unbounded = await _burst(1000)
+    assert max(collections.Counter(unbounded).values()) > GATEWAY_TURNS
+
+
+def _nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread only on Linux")
+def test_a_cpu_pool_runs_its_threads_below_the_priority_of_the_thread_that_made_it() -> None:
+    pool = cpu_pool(2, "test-cpu", GATEWAY_CPU_NICE)
+    try:
+        ours = _nice()
+        theirs = {pool.submit(_nice).result(timeout=10) for _ in range(8)}
+        assert theirs == {min(19, ours + GATEWAY_CPU_NICE)}
+        assert _nice() == ours  # the maker's own priority is untouched
+    finally:
+        pool.shutdown()
+
+
+async def test_the_gateways_cpu_pool_is_one_thread_below_the_loops_priority() -> None:
+    async with local_gateway() as gateway:
+        executor = gateway._executor
+        loop = asyncio.get_running_loop()
+        names = {await loop.run_in_executor(executor, threading.current_thread) for _ in range(8)}
+        assert len(names) == 1
+        if sys.platform == "linux":
+            assert await loop.run_in_executor(executor, _nice) == min(
+                19, _nice() + GATEWAY_CPU_NICE
+            )
