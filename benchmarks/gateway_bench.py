@@ -11,10 +11,13 @@ hundreds of concurrent sessions.
    from 1k to 32k.
 2. Stalls: >= 200 concurrent sessions through the real HTTP face on one agent event loop, each a
    harness (the `openai` SDK, in a separate client process) running tool-call turns against the
-   replay policy (SGLang /generate, another process). A ticker measures the worst lateness of
-   the gateway's loop. Target: < 20 ms. Baseline: the same ticker on the idle loop.
+   replay policy (SGLang /generate, another process), the gateway as the agent configures it
+   (its own one-thread CPU pool). The harnesses and the policy stand for machines elsewhere and
+   run at nice 10. A ticker measures the worst lateness of the gateway's loop. Target: < 20 ms.
+   Baseline: the same ticker on the idle loop.
 
     python benchmarks/gateway_bench.py [--sessions 200] [--turns 6] [--calls 200]
+        [--harness-nice 10]
 """
 
 from __future__ import annotations
@@ -219,16 +222,21 @@ def _serve_replay(port: int, turns: int, ready: Any) -> None:
     asyncio.run(main())
 
 
-def _run_harnesses(sessions: list[tuple[str, str]], turns: int, out: Any) -> None:
+# The harness process's nice value (--harness-nice; the replay policy's is 10 too).
+HARNESS_NICE = 10
+
+
+def _run_harnesses(
+    sessions: list[tuple[str, str]], turns: int, out: Any, nice: int = HARNESS_NICE
+) -> None:
     """The harness side, in its own process: one `openai` SDK conversation per session."""
     import os
 
     import openai
 
     # The harnesses stand for agents in sandboxes on the exec nodes, as the replay server stands
-    # for GPUs elsewhere: their own CPU (~2 ms per call in the SDK here) must not take this
-    # machine's cores from the agent either.
-    os.nice(10)
+    # for GPUs elsewhere: their own CPU (the SDK's ~2 ms per call) is not the agent machine's.
+    os.nice(nice)
 
     async def one(base_url: str, secret: str) -> int:
         # A long timeout: on a loaded machine the default connect timeout killed the run.
@@ -280,7 +288,11 @@ async def _ticker(
 
 
 async def stalls(
-    sessions: int, turns: int, slow_ms: float = 0.0, slots: bool = True
+    sessions: int,
+    turns: int,
+    slow_ms: float = 0.0,
+    slots: bool = True,
+    harness_nice: int = HARNESS_NICE,
 ) -> dict[str, float]:
     from swerl.agent.gateway.service import local_gateway
 
@@ -322,7 +334,9 @@ async def stalls(
                     session.renderer = Renderer(session.renderer.codec, slots=False)
             pairs = [(gateway.openai_base_url(s), s.secret) for s in opened]
             out = ctx.Queue()
-            harnesses = ctx.Process(target=_run_harnesses, args=(pairs, turns, out), daemon=True)
+            harnesses = ctx.Process(
+                target=_run_harnesses, args=(pairs, turns, out, harness_nice), daemon=True
+            )
             # Started before the ticker: starting a process blocks the caller, which is this
             # benchmark's doing, not the gateway's.
             harnesses.start()
@@ -383,6 +397,12 @@ def main() -> int:
     )
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument(
+        "--harness-nice",
+        type=int,
+        default=HARNESS_NICE,
+        help="stalls: nice value of the harnesses' process (0: compete with the agent as equals)",
+    )
+    parser.add_argument(
         "--stall-baseline",
         action="store_true",
         help="stalls: first the same run with every delta rendered by the template (baseline)",
@@ -433,7 +453,13 @@ def main() -> int:
         results = {}
         for name, slots in runs:
             results[name] = asyncio.run(
-                stalls(args.sessions, args.turns, args.slow_callback_ms, slots=slots)
+                stalls(
+                    args.sessions,
+                    args.turns,
+                    args.slow_callback_ms,
+                    slots=slots,
+                    harness_nice=args.harness_nice,
+                )
             )
         print(f"  {'':32} " + " ".join(f"{name:>18}" for name in results))
         for key in results["gateway"]:

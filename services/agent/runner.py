@@ -76,11 +76,8 @@ class EpisodeRunner:
         self.settings = settings
         self.provider = provider
         self.executor = ThreadPoolExecutor(settings.cpu_threads, thread_name_prefix="agent-cpu")
-        # The model gateway's own CPU pool (gateway_cpu_pool: one thread below the loop's
-        # priority), apart from the episodes' pool.
-        self.gateway_executor = gateway_cpu_pool(
-            settings.gateway_cpu_threads, settings.gateway_cpu_nice
-        )
+        # The model gateway's own CPU pool (one thread by default), apart from the episodes'.
+        self.gateway_executor = gateway_cpu_pool(settings.gateway_cpu_threads)
         self.tokenizer_pool: ProcessPoolExecutor | None = None
         if settings.tokenizer_processes > 0:
             # spawn, not fork: the parent runs gRPC threads, which fork would copy half-alive.

@@ -82,12 +82,5 @@ class AgentSettings(ServiceSettings):
         1,
         ge=1,
         description="threads of the gateway's own CPU pool (rendering and tokenizing its calls);"
-        " one keeps the GIL from passing among them while the event loop waits",
-    )
-    gateway_cpu_nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="how many nice steps the gateway's CPU threads run below the event loop's"
-        " thread (Linux), so a burst of calls does not keep the loop off the CPU; 0: the same",
+        " more took the cores from the event loop in a burst of calls",
     )

@@ -1,21 +1,16 @@
 """The gateway under a burst of calls: each event-loop iteration runs only a few of the calls'
-steps, and its CPU pool runs below the loop's priority (real HTTP, the real `openai` SDK, the
+steps, and its CPU pool is one thread (real HTTP, the real `openai` SDK, the
 replay policy and the real Qwen3 tokenizer)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import sys
 import threading
 
-import pytest
-
-from swerl.agent.gateway.service import GATEWAY_CPU_NICE, local_gateway
+from swerl.agent.gateway.service import GATEWAY_CPU_THREADS, local_gateway
 from swerl.agent.gateway.session import GATEWAY_TURNS
 from swerl.agent.pacing import IterationGate
-from swerl.chassis.priority import cpu_pool
 from tests.agent.gateway_testkit import BASH_TOOL, KEY, async_client, gateway_env
 
 
@@ -81,29 +76,9 @@ async def test_a_burst_of_calls_runs_at_most_a_few_gateway_steps_per_loop_iterat
     assert max(collections.Counter(unbounded).values()) > GATEWAY_TURNS
 
 
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread only on Linux")
-def test_a_cpu_pool_runs_its_threads_below_the_priority_of_the_thread_that_made_it() -> None:
-    pool = cpu_pool(2, "test-cpu", GATEWAY_CPU_NICE)
-    try:
-        ours = _nice()
-        theirs = {pool.submit(_nice).result(timeout=10) for _ in range(8)}
-        assert theirs == {min(19, ours + GATEWAY_CPU_NICE)}
-        assert _nice() == ours  # the maker's own priority is untouched
-    finally:
-        pool.shutdown()
-
-
-async def test_the_gateways_cpu_pool_is_one_thread_below_the_loops_priority() -> None:
+async def test_the_gateways_cpu_pool_is_one_thread() -> None:
     async with local_gateway() as gateway:
         executor = gateway._executor
         loop = asyncio.get_running_loop()
-        names = {await loop.run_in_executor(executor, threading.current_thread) for _ in range(8)}
-        assert len(names) == 1
-        if sys.platform == "linux":
-            assert await loop.run_in_executor(executor, _nice) == min(
-                19, _nice() + GATEWAY_CPU_NICE
-            )
+        threads = {await loop.run_in_executor(executor, threading.get_ident) for _ in range(8)}
+        assert len(threads) == GATEWAY_CPU_THREADS == 1

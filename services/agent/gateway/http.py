@@ -120,6 +120,9 @@ class GatewayApp:
         """The request's conversation, read by the session's reader of this protocol (decoding
         only what the previous body did not hold; in the CPU pool when the body is large)."""
         raw = await request.read()
+        # Reading the conversation and matching it to the tree (until the CPU pool takes the
+        # rendering) is a step that waits its turn (SessionStore.turns).
+        await self.store.turns.wait_turn()
         reader = session.readers.get(protocol.name)
         if reader is None:
             reader = session.readers[protocol.name] = ConversationReader(protocol.conversation)
@@ -138,7 +141,6 @@ class GatewayApp:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            await self.store.turns.wait_turn()
             session = self._session(request)
             conv = await self._conversation(request, session, protocol)
             answer = await self.store.call(session, conv, protocol.name)

@@ -32,21 +32,19 @@ from swerl.agent.policy import (
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
-from swerl.chassis.priority import cpu_pool
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-# The gateway's CPU pool (the agent's settings gateway_cpu_threads and gateway_cpu_nice). One
-# thread: with several, hundreds of sessions' render and tokenize steps kept the GIL passing
-# among the pool's threads while the event loop waited for it (worst loop stall 20-39 ms with 2
-# threads at 200 sessions, 15-18 ms with one, on 2 cores); one thread does ~700 calls/s.
+# The gateway's CPU pool (the agent's setting gateway_cpu_threads), apart from the episodes'.
+# One thread: with more, a burst of calls' rendering and tokenizing ran on several threads that
+# took the cores (and the GIL) from the event loop's thread; 200 sessions x 6 turns on 2 cores,
+# five runs each: worst loop stall 13-22 ms with 4 threads, 6-15 ms with one. One thread does
+# ~1,000 calls/s of this work (~1 ms CPU per call).
 GATEWAY_CPU_THREADS = 1
-GATEWAY_CPU_NICE = 10
 
 
-def gateway_cpu_pool(threads: int, nice: int) -> ThreadPoolExecutor:
-    """The gateway's CPU pool: its threads `nice` steps below the event loop's priority, so a
-    burst of calls' rendering does not keep the loop's thread off the CPU."""
-    return cpu_pool(threads, "gateway-cpu", nice)
+def gateway_cpu_pool(threads: int = GATEWAY_CPU_THREADS) -> ThreadPoolExecutor:
+    """The gateway's CPU pool: rendering, tokenizing, the policy's JSON."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="gateway-cpu")
 
 
 class Gateway:
@@ -147,11 +145,10 @@ def codec_cache(executor: Executor | None) -> CodecSource:
 
 @contextlib.asynccontextmanager
 async def local_gateway(
-    *, threads: int = GATEWAY_CPU_THREADS, nice: int = GATEWAY_CPU_NICE, **options: Any
+    *, threads: int = GATEWAY_CPU_THREADS, **options: Any
 ) -> AsyncIterator[Gateway]:
-    """A gateway on a loopback port with its own CPU pool (as the agent's, see
-    `gateway_cpu_pool`) and HTTP client."""
-    executor = gateway_cpu_pool(threads, nice)
+    """A gateway on a loopback port with its own CPU pool (as the agent's) and HTTP client."""
+    executor = gateway_cpu_pool(threads)
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
     gateway = Gateway(http_session=http, codecs=codec_cache(executor), executor=executor, **options)
     await gateway.start()
