@@ -8,6 +8,13 @@ from pydantic_settings import SettingsConfigDict
 from swerl.agent.policy import RETRY_ATTEMPTS, RETRY_MAX_DELAY_S
 from swerl.chassis.settings import ServiceSettings
 
+# The gateway's CPU pool, apart from the episodes': one thread. With more, a burst of calls'
+# rendering and tokenizing ran on several threads that took the cores (and the GIL) from the
+# event loop's thread; 200 sessions x 6 turns on 2 cores, five runs each: worst loop stall 13-22
+# ms with 4 threads, 6-15 ms with one. One thread does ~1,000 calls/s of this work (~1 ms CPU
+# per call).
+GATEWAY_CPU_THREADS = 1
+
 
 class AgentSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="SWERL_AGENT_", extra="ignore")
@@ -79,7 +86,7 @@ class AgentSettings(ServiceSettings):
     )
     gateway_max_sessions: int = Field(4096, description="open gateway sessions at most")
     gateway_cpu_threads: int = Field(
-        1,
+        GATEWAY_CPU_THREADS,
         ge=1,
         description="threads of the gateway's own CPU pool (rendering and tokenizing its calls);"
         " more took the cores from the event loop in a burst of calls",

@@ -29,17 +29,12 @@ from swerl.agent.policy import (
     TokenPolicy,
     policy_retrying,
 )
+from swerl.agent.settings import GATEWAY_CPU_THREADS
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
-# The gateway's CPU pool (the agent's setting gateway_cpu_threads), apart from the episodes'.
-# One thread: with more, a burst of calls' rendering and tokenizing ran on several threads that
-# took the cores (and the GIL) from the event loop's thread; 200 sessions x 6 turns on 2 cores,
-# five runs each: worst loop stall 13-22 ms with 4 threads, 6-15 ms with one. One thread does
-# ~1,000 calls/s of this work (~1 ms CPU per call).
-GATEWAY_CPU_THREADS = 1
 
 
 def gateway_cpu_pool(threads: int = GATEWAY_CPU_THREADS) -> ThreadPoolExecutor:
@@ -147,10 +142,12 @@ def codec_cache(executor: Executor | None) -> CodecSource:
 async def local_gateway(
     *, threads: int = GATEWAY_CPU_THREADS, **options: Any
 ) -> AsyncIterator[Gateway]:
-    """A gateway on a loopback port with its own CPU pool (as the agent's) and HTTP client."""
+    """A gateway on a loopback port with its own CPU pool (as the agent's) and HTTP client.
+    Tokenizers load in the loop's default executor, as the agent loads them in the episodes' pool:
+    a load (~1 s) in the gateway's one thread would hold up every session's rendering."""
     executor = gateway_cpu_pool(threads)
     http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
-    gateway = Gateway(http_session=http, codecs=codec_cache(executor), executor=executor, **options)
+    gateway = Gateway(http_session=http, codecs=codec_cache(None), executor=executor, **options)
     await gateway.start()
     try:
         yield gateway

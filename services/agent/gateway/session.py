@@ -208,13 +208,12 @@ class SessionStore:
         executor: Executor | None,
         max_sessions: int = 4096,
         keep_ended: int = 256,
-        turns: IterationGate | None = None,
     ) -> None:
         self._codecs = codecs
         # The calls' steps that run on the event loop between two awaits (see GATEWAY_TURNS)
         # take their turn here: hundreds of sessions moving in step would otherwise run them
         # back to back in one loop iteration.
-        self.turns = turns or IterationGate(GATEWAY_TURNS)
+        self.turns = IterationGate(GATEWAY_TURNS)
         self._policy_factory = policy_factory
         self._executor = executor
         self._max_sessions = max_sessions
