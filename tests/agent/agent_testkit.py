@@ -187,3 +187,27 @@ async def assert_no_active_lease(env: AgentStack) -> None:
         assert active == [], active
     finally:
         await pool.close()
+
+
+class LoopIterations:
+    """Numbers the running event loop's iterations: `now` is the current one's (a task that
+    takes one step per iteration counts them), from `async with` to its end."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self._counter: asyncio.Future[None] | None = None
+
+    async def _count(self) -> None:
+        while True:
+            await asyncio.sleep(0)  # one step per loop iteration
+            self.now += 1
+
+    async def __aenter__(self) -> LoopIterations:
+        self._counter = asyncio.ensure_future(self._count())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._counter is not None
+        self._counter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._counter

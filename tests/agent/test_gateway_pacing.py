@@ -8,46 +8,38 @@ import asyncio
 import collections
 import threading
 
-from swerl.agent.gateway.service import GATEWAY_CPU_THREADS, local_gateway
+from agent_testkit import LoopIterations
+from gateway_testkit import BASH_TOOL, KEY, async_client, gateway_env
+
+from swerl.agent.gateway.service import local_gateway
 from swerl.agent.gateway.session import GATEWAY_TURNS
 from swerl.agent.pacing import IterationGate
-from tests.agent.gateway_testkit import BASH_TOOL, KEY, async_client, gateway_env
+from swerl.agent.settings import GATEWAY_CPU_THREADS
 
 
 class _Counted(IterationGate):
     """The gate, noting the loop iteration in which each caller got through."""
 
-    def __init__(self, size: int, iteration: list[int]) -> None:
+    def __init__(self, size: int, iterations: LoopIterations) -> None:
         super().__init__(size)
-        self._iteration = iteration
+        self._iterations = iterations
         self.passes: list[int] = []
 
     async def wait_turn(self) -> None:
         await super().wait_turn()
-        self.passes.append(self._iteration[0])
+        self.passes.append(self._iterations.now)
 
 
 async def _burst(size: int, sessions: int = 24) -> list[int]:
     """`sessions` concurrent first calls; the iterations their gated steps ran in."""
-    loop = asyncio.get_running_loop()
-    iteration = [0]
-    running = True
-
-    def count() -> None:  # runs once per iteration: scheduled in one, it runs in the next
-        iteration[0] += 1
-        if running:
-            loop.call_soon(count)
-
     async with gateway_env({KEY: ["Nothing to do."]}) as env:
-        gate = _Counted(size, iteration)
-        env.gateway.store.turns = gate
         opened = [await env.open() for _ in range(sessions)]
         clients = [
             async_client(base_url=env.openai_url(s), api_key=s.secret, max_retries=0)
             for s in opened
         ]
-        loop.call_soon(count)
-        try:
+        async with LoopIterations() as iterations:
+            gate = env.gateway.store.turns = _Counted(size, iterations)
             replies = await asyncio.gather(
                 *(
                     c.chat.completions.create(
@@ -58,8 +50,6 @@ async def _burst(size: int, sessions: int = 24) -> list[int]:
                     for c in clients
                 )
             )
-        finally:
-            running = False
         assert [r.choices[0].message.content for r in replies] == ["Nothing to do."] * sessions
         return gate.passes
 

@@ -14,7 +14,7 @@ from google.protobuf import struct_pb2
 
 from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.server import AgentServer
-from swerl.agent.settings import AgentSettings
+from swerl.agent.settings import GATEWAY_CPU_THREADS, AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
@@ -91,7 +91,10 @@ async def _refused(call, code: grpc.StatusCode, reason: str) -> None:
 
 
 async def test_open_call_get_close_returns_the_chain_with_the_reward(agent, replay) -> None:
-    stub, _ = agent
+    stub, server = agent
+    # The agent's gateway renders in a CPU pool of its own (one thread), not the episodes'.
+    assert server.gateway._executor is server.runner.gateway_executor
+    assert server.runner.gateway_executor._max_workers == GATEWAY_CPU_THREADS
     request = _open(replay.url)
     request.policy.lora_path = "policy-lora-7"
     opened = await stub.OpenSession(request, timeout=30)

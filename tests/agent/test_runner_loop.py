@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from agent_testkit import (
     TOKENIZER_DIR,
+    LoopIterations,
     agent_stack,
     bundled_tasks,
     check_record,
@@ -31,24 +32,15 @@ from swerl.agent.v1 import agent_pb2 as pb
 
 async def test_a_burst_of_starts_passes_the_gate_a_few_per_loop_iteration() -> None:
     gate = IterationGate(4)
-    iteration = 0
-    done = False
     passed_at: list[int] = []
 
-    async def count_iterations() -> None:
-        nonlocal iteration
-        while not done:
-            await asyncio.sleep(0)  # one step per loop iteration
-            iteration += 1
+    async with LoopIterations() as iterations:
 
-    async def start() -> None:
-        await gate.wait_turn()
-        passed_at.append(iteration)
+        async def start() -> None:
+            await gate.wait_turn()
+            passed_at.append(iterations.now)
 
-    counter = asyncio.ensure_future(count_iterations())
-    await asyncio.gather(*(start() for _ in range(40)))
-    done = True
-    await counter
+        await asyncio.gather(*(start() for _ in range(40)))
     assert len(passed_at) == 40
     assert max(Counter(passed_at).values()) <= 4
 
