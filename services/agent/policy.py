@@ -111,10 +111,12 @@ def _worth_retrying(exc: BaseException) -> bool:
 
 def over_context_length(body: bytes) -> bool:
     """Whether an HTTP 400 body is SGLang refusing a prompt over the engine's context length:
-    `TokenizerManager._validate_one_request` raises "The input (...) is longer than the model's
-    context length (...)" or "Requested token count exceeds the model's maximum context length
-    of ..." (input + reserved >= context_len; max_new + input + reserved > context_len), which
-    `/generate` answers with 400. The episode's own context limit, not an infra failure."""
+    `TokenizerManager._validate_one_request` (sglang 0.5.23 `srt/managers/tokenizer_manager.py`
+    :1307) raises "The input (...) is longer than the model's context length (...)" or
+    "Requested token count exceeds the model's maximum context length of ..." (input + reserved
+    >= context_len; max_new + input + reserved > context_len), which `/generate` answers with
+    400 (`srt/entrypoints/http_server.py` :2246-2250). The episode's own context limit, not an
+    infra failure."""
     return b"context length" in body.lower()
 
 

@@ -3,7 +3,13 @@
 It tokenizes with a real tokenizer (the bundled Qwen3 one by default) and answers each request
 with the next assistant turn of a script, as token ids with logprobs, the way SGLang does:
 `meta_info.output_token_logprobs = [[logprob, id, null], ...]`, `finish_reason.type`,
-`weight_version`. The script is chosen by finding a registered key (e.g. the first line of a
+`weight_version`. Upstream (sglang 0.5.23, `python/sglang/srt/`; tests/agent/
+test_replay_upstream.py fails when these lines change): the route `entrypoints/http_server.py:929`
+answers `orjson_response(ret)` (:987) or, on a ValueError, `_create_error_response` (:2246-2250:
+HTTP 400 `{"error": {"message": ...}}`); `managers/tokenizer_manager.py:2507-2513` builds
+`meta_info` with `finish_reason` and `weight_version`, :2869 sets `output_token_logprobs`, whose
+triples `detokenize_logprob_tokens` makes (:3098-3108, `(logprob, token_id, None)` when the
+text is not asked for). The script is chosen by finding a registered key (e.g. the first line of a
 problem statement) in the decoded prompt; the turn is the number of assistant turns in the prompt
 (plus those the agent reports omitted). Unknown prompts, and every prompt in garbage mode, get
 random tokens. Used by the tests, the benchmark and `swerl demo`; `swerl replay serve` runs it.
@@ -528,8 +534,9 @@ class ReplayPolicyServer:
 
     def _over_context_length(self, raw: bytes) -> str:
         """SGLang's refusal of a request over the context length ("" when it fits): the input
-        alone reaching it, or input + max_new_tokens exceeding it (SGLang
-        tokenizer_manager.py `_validate_one_request`, no reserved tokens here)."""
+        alone reaching it, or input + max_new_tokens exceeding it, in SGLang's words (sglang
+        0.5.23 `managers/tokenizer_manager.py:1307` `_validate_one_request`, messages at
+        :1349-1350 and :1372-1376; no reserved tokens here)."""
         if not self.context_length:
             return ""
         body = json.loads(raw)
@@ -545,6 +552,8 @@ class ReplayPolicyServer:
                 "Requested token count exceeds the model's maximum context length of"
                 f" {self.context_length} tokens. You requested a total of {n + max_new} tokens:"
                 f" {n} tokens from the input messages and {max_new} tokens for the completion."
+                " Please reduce the number of tokens in the input messages or the completion to"
+                " fit within the limit."
             )
         return ""
 
