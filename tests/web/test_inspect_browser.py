@@ -13,6 +13,7 @@ from urllib.error import HTTPError
 from urllib.request import urlopen
 
 import pytest
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -29,11 +30,28 @@ def inspector(real_run):
     served.stop()
 
 
+def _gone(page):
+    """staleness_of(page), also when chromedriver reports the old page's node, during the
+    navigation, as "does not belong to the document" (a WebDriverException that staleness_of
+    does not take for stale; it failed a CI run)."""
+    stale = staleness_of(page)
+
+    def check(driver) -> bool:
+        try:
+            return bool(stale(driver))
+        except WebDriverException as err:
+            if "does not belong to the document" in str(err):
+                return True
+            raise
+
+    return check
+
+
 def _click_and_wait(browser, element) -> None:
     """Clicks a link or button that loads a new page, and waits until the old one is gone."""
     page = browser.find_element(By.TAG_NAME, "main")
     element.click()
-    WebDriverWait(browser, 30).until(staleness_of(page))
+    WebDriverWait(browser, 30).until(_gone(page))
 
 
 def _rows(browser) -> list[dict[str, str]]:
