@@ -39,6 +39,14 @@ def base_image() -> str:
 
 
 @pytest.fixture(scope="session")
+def grpcurl_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """grpcurl from PATH, else installed into a temp dir (testkit.grpcurl); a failure without."""
+    from testkit.grpcurl import find_or_install_grpcurl
+
+    return find_or_install_grpcurl(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def harness_bundle_dir():
     """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
     built once and kept between runs (SWERL_EXEC_HARNESS_BUNDLE_DIR, default the local stack's

@@ -1,10 +1,8 @@
+"""Fixtures of the agent tests (their helpers are testkit.agent and testkit.gateway)."""
+
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -12,7 +10,7 @@ def _no_sandboxes_of_an_earlier_run():
     """Removes the sandboxes an earlier, killed run of these tests left on this dockerd (their
     nodes are gone, so no one else would): the tests' no-sandbox-left checks count every
     agent-test sandbox. One run of the agent tests at a time per dockerd."""
-    from agent_testkit import swerl_sandboxes
+    from testkit.agent import swerl_sandboxes
 
     try:
         stale = [c for c, node in swerl_sandboxes() if node.startswith("agent-test")]

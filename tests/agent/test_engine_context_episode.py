@@ -5,7 +5,7 @@ the turns before, never INFRA_ERROR. Real agent, pool, exec node and dockerd."""
 
 from __future__ import annotations
 
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,

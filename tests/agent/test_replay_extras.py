@@ -10,7 +10,8 @@ import json
 from array import array
 
 import pytest
-from agent_testkit import (
+from google.protobuf.struct_pb2 import Struct
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,
@@ -19,7 +20,6 @@ from agent_testkit import (
     sandboxes_left,
     start_for,
 )
-from google.protobuf.struct_pb2 import Struct
 
 from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
 from swerl.agent.replay import (
