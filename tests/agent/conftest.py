@@ -6,10 +6,13 @@ import pytest
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_sandboxes_of_an_earlier_run():
+def _no_sandboxes_of_an_earlier_run(request: pytest.FixtureRequest):
     """Removes the sandboxes an earlier, killed run of these tests left on this dockerd (their
     nodes are gone, so no one else would): the tests' no-sandbox-left checks count every
-    agent-test sandbox. One run of the agent tests at a time per dockerd."""
+    agent-test sandbox. One run of the agent tests at a time per dockerd. A run without docker
+    tests (`-m "not docker"`) leaves dockerd alone."""
+    if not any(item.get_closest_marker("docker") for item in request.session.items):
+        return
     from testkit.agent import swerl_sandboxes
 
     try:
