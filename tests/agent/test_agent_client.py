@@ -9,7 +9,7 @@ import sys
 
 import grpc
 import pytest
-from agent_testkit import agent_stack, bundled_tasks, check_record, start_for
+from testkit.agent import agent_stack, bundled_tasks, check_record, start_for
 
 from swerl.agent.client import (
     episode_limits,
