@@ -79,6 +79,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _PROGRESS = os.environ.get("SWERL_TEST_PROGRESS", "")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist the workers run the tests and write the file (a hung test's task stacks
+    # exist only in its worker); the controller sees every report again and writes nothing.
+    global _PROGRESS
+    is_worker = "PYTEST_XDIST_WORKER" in os.environ
+    if getattr(config.option, "numprocesses", None) and not is_worker:
+        _PROGRESS = ""
+
+
 def _progress(line: str) -> None:
     with open(_PROGRESS, "a", encoding="utf-8") as out:
         out.write(line + "\n")
