@@ -1,7 +1,8 @@
 """Agent configs: the prompt templates, command environment and default limits, by name.
 
-A config is a YAML file shipped in `swerl/agent/configs/<name>.yaml` (EpisodeOptions.config_name;
-empty means "default"). Templates are Jinja2 with StrictUndefined, compiled once per config.
+A config is a YAML file shipped in `services/agent/configs/<name>.yaml`, installed as
+`swerl/agent/configs/` (EpisodeOptions.config_name; empty means "default"). Templates are Jinja2
+with StrictUndefined, compiled once per config.
 """
 
 from __future__ import annotations
