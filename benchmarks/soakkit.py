@@ -28,9 +28,7 @@ from pathlib import Path
 import docker
 import grpc
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from dockerd_kit import create_bridge, delete_bridge
+from benchkit import create_bridge, delete_bridge
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swerl.pool.v1 import pool_pb2, pool_pb2_grpc

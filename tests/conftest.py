@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: real dockerd, the base image, real gRPC servers on port 0."""
+"""Fixtures shared by every test (real dockerd and the base image, the harness bundles, grpcurl)
+and the hooks of the whole run: the `docker` marker, progress lines, task stacks of a hung test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 
 import pytest
+from testkit.docker import mark_docker_tests
 
 BASE_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
 
@@ -39,6 +41,14 @@ def base_image() -> str:
 
 
 @pytest.fixture(scope="session")
+def grpcurl_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """grpcurl from PATH, else installed into a temp dir (testkit.grpcurl); a failure without."""
+    from testkit.grpcurl import find_or_install_grpcurl
+
+    return find_or_install_grpcurl(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def harness_bundle_dir():
     """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
     built once and kept between runs (SWERL_EXEC_HARNESS_BUNDLE_DIR, default the local stack's
@@ -51,6 +61,14 @@ def harness_bundle_dir():
     package = HARNESS_PACKAGES["claude-code"]
     HarnessBundles(root).build_blocking(package, package.default_version)
     return root
+
+
+# -- which tests need dockerd ------------------------------------------------------------------
+# Every test whose fixtures need dockerd is marked `docker` (testkit.docker names the fixtures),
+# so `pytest -m "not docker"` runs without one. First, so that `-m` sees the markers.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_docker_tests(items)
 
 
 # -- what a run that dies tells --------------------------------------------------------------

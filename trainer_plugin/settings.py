@@ -89,10 +89,18 @@ class PluginSettings(BaseSettings):
     command_timeout_s: float = Field(0.0, ge=0, description="Per-command limit; 0 = default.")
     eval_timeout_s: float = Field(0.0, ge=0, description="Evaluation limit; 0 = default.")
     episode_deadline_s: float = Field(
-        3600.0,
-        gt=0,
+        0.0,
+        ge=0,
         description="Overall limit on one generate call: past it the episode is cancelled and "
-        "the call returns a placeholder for removal.",
+        "the call returns a placeholder for removal. 0 = the client deadline of the episode "
+        "(swerl.agent.budget.client_deadline): the agent's wait for a sandbox + the episode's "
+        "limits + the grading's overhead + 60 s; a value not above the agent's bound is refused.",
+    )
+    agent_lease_wait_s: float = Field(
+        budget.DEFAULT_LEASE_WAIT_S,
+        ge=0,
+        description="The agents' wait for a sandbox (their SWERL_AGENT_LEASE_WAIT_S), which the "
+        "episode deadline counts: set it where the agents wait longer than their default.",
     )
     abort_poll_interval_s: float = Field(
         0.05, gt=0, description="How often slime's abort flag is looked at."
@@ -188,31 +196,20 @@ class PluginSettings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _budgets_in_order(self) -> PluginSettings:
-        # The agent's budgets (its loop, then the grading) end the episode and free its sandbox;
-        # the call's own deadline must come after both, else every long episode is cut from
-        # this side while the agent still works for it.
-        if self.wall_timeout_s and self.eval_timeout_s:
-            agent_side = self.wall_timeout_s + self.eval_timeout_s
-            if self.episode_deadline_s <= agent_side:
-                raise ValueError(
-                    f"episode_deadline_s ({self.episode_deadline_s:g}) must exceed "
-                    f"wall_timeout_s + eval_timeout_s ({agent_side:g}), the agent's own budget"
-                )
-        if self.wall_timeout_s and self.harness not in ("", "builtin"):
-            # A harness episode's one budget (swerl.agent.budget) covers its grading too; the
-            # agent holds it at most its wait for the lease, that budget and the grading's
-            # own overhead.
-            bound = budget.DEFAULT_LEASE_WAIT_S + budget.agent_bound_s(
-                self.wall_timeout_s, 0.0, harnessed=True
-            )
-            if self.episode_deadline_s <= bound:
-                raise ValueError(
-                    f"episode_deadline_s ({self.episode_deadline_s:g}) must exceed the agent's "
-                    f"wait for a sandbox ({budget.DEFAULT_LEASE_WAIT_S:g} s) + the harness "
-                    f"episode's budget wall_timeout_s + {budget.GRADING_OVERHEAD_S:g} s for its "
-                    f"grading ({bound:g}), the agent's own budget"
-                )
+    def _deadline_past_the_agents_bound(self) -> PluginSettings:
+        # The agent's budgets (its wait for a sandbox, its loop, then the grading) end the
+        # episode and free its sandbox; the call's own deadline must come after all of them,
+        # else a long episode is cut from this side while the agent still works for it.
+        deadline = budget.client_deadline(
+            wall_timeout_s=self.wall_timeout_s,
+            eval_timeout_s=self.eval_timeout_s,
+            harness=self.harness,
+            config_name=self.config_name,
+            lease_wait_s=self.agent_lease_wait_s,
+        )
+        if not self.episode_deadline_s:
+            self.episode_deadline_s = deadline.deadline_s
+        deadline.refuse_shorter("episode_deadline_s", self.episode_deadline_s)
         return self
 
     @field_validator("agent_token", "pool_token", mode="before")

@@ -120,7 +120,9 @@ PLUGIN_ENV=(
 )
 
 # The same settings as slime custom-config keys (swerl_*; they win over the env vars). Limits live
-# here so a run's YAML records them.
+# here so a run's YAML records them. No swerl_episode_deadline_s: the plugin derives it from the
+# agents' bound on an episode (600 s lease wait + 3600 s wall_timeout + 600 s eval_timeout + 60 s
+# grading overhead = 4860 s) plus 60 s, and refuses one not above that bound.
 PLUGIN_CONFIG=${PLUGIN_CONFIG:-${LOG_DIR}/swerl-plugin.yaml}
 mkdir -p "${LOG_DIR}"
 cat >"${PLUGIN_CONFIG}" <<YAML
@@ -128,7 +130,6 @@ swerl_max_turns: ${MAX_TURNS}
 swerl_max_context_tokens: ${CONTEXT_LEN}
 swerl_command_timeout_s: 180
 swerl_eval_timeout_s: 600
-swerl_episode_deadline_s: 3600
 swerl_prm_m: 3
 swerl_prm_coef: 0.2
 YAML

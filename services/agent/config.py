@@ -3,6 +3,14 @@
 A config is a YAML file shipped in `services/agent/configs/<name>.yaml`, installed as
 `swerl/agent/configs/` (EpisodeOptions.config_name; empty means "default"). Templates are Jinja2
 with StrictUndefined, compiled once per config.
+
+A config may start from another: `extends: <name>` (a shipped config) or `extends: <path>` (a
+YAML file; a relative path is read from the extending file's folder; a path is anything with a
+`/` or a `.yaml`/`.yml` ending). The parent's mapping is merged under the child's: mappings merge
+key by key, recursively, and the child's value wins; a list or a scalar is replaced whole. A
+chain that comes back to a file already in it, or names a parent that does not exist, is refused
+(UnknownConfig). So a config holds only what differs from the one it extends (`tools` extends
+`default`).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ _TEMPLATES = (
 # run (`error`), and the user message after a reply that called no tool.
 _TOOL_TEMPLATES = ("tool_error_template", "no_call_template")
 ACTION_PROTOCOLS = ("bash_block", "tool_calls")
+# The key naming the config a config extends (read and removed before the merge).
+EXTENDS_KEY = "extends"
 
 
 @dataclass(frozen=True)
@@ -98,10 +108,7 @@ class AgentConfig:
 def load_config(name: str = "") -> AgentConfig:
     """The named config; raises UnknownConfig for a name that is not shipped."""
     name = name or "default"
-    path = CONFIG_DIR / f"{name}.yaml"
-    if not _NAME.match(name) or not path.is_file():
-        raise UnknownConfig(f"no agent config named {name!r}", config_name=name)
-    raw = yaml.safe_load(path.read_text())
+    raw = config_mapping(name)
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False)
     protocol = str(raw.get("action_protocol", "bash_block"))
     if protocol not in ACTION_PROTOCOLS:
@@ -134,6 +141,79 @@ def load_config(name: str = "") -> AgentConfig:
         max_format_errors=int(raw.get("max_format_errors", 0)),
         history_reasoning=_history_reasoning(name, raw.get("history_reasoning", "keep")),
     )
+
+
+def config_mapping(name: str = "") -> dict[str, Any]:
+    """The named config's YAML as one mapping, its `extends:` chain merged in (the parents'
+    values under the child's); raises UnknownConfig for a name that is not shipped, a parent
+    that does not exist and a chain that comes back to itself."""
+    name = name or "default"
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not _NAME.match(name) or not path.is_file():
+        raise UnknownConfig(f"no agent config named {name!r}", config_name=name)
+    return _expanded(name, path, ())
+
+
+def _expanded(name: str, path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """The mapping of the config file `path` with its parents merged in; `chain` holds the
+    files that extend it, child first."""
+    here = path.resolve()
+    if here in chain:
+        files = " -> ".join(p.name for p in (*chain, here))
+        raise UnknownConfig(f"agent config {name!r}: extends cycle {files}", config_name=name)
+    raw = yaml.safe_load(path.read_text())
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UnknownConfig(
+            f"agent config {name!r}: {path.name} is not a YAML mapping", config_name=name
+        )
+    if EXTENDS_KEY not in raw:
+        return raw
+    parent = raw.pop(EXTENDS_KEY)
+    parent_path = _parent_path(name, path, parent)
+    return deep_merge(_expanded(name, parent_path, (*chain, here)), raw)
+
+
+def _parent_path(name: str, child: Path, parent: object) -> Path:
+    """The file `extends: <parent>` in the config file `child` names: a shipped config by name,
+    else a path (a relative one from the child's folder)."""
+    if not isinstance(parent, str) or not parent:
+        raise UnknownConfig(
+            f"agent config {name!r}: {child.name} extends {parent!r}, which is not a config"
+            " name or a path",
+            config_name=name,
+        )
+    if "/" in parent or parent.endswith((".yaml", ".yml")):
+        path = Path(parent).expanduser()
+        path = path if path.is_absolute() else child.parent / path
+        if path.is_file():
+            return path
+        raise UnknownConfig(
+            f"agent config {name!r}: {child.name} extends {parent!r}, but there is no file {path}",
+            config_name=name,
+        )
+    path = CONFIG_DIR / f"{parent}.yaml"
+    if _NAME.match(parent) and path.is_file():
+        return path
+    raise UnknownConfig(
+        f"agent config {name!r}: {child.name} extends {parent!r}, but no agent config has that"
+        " name",
+        config_name=name,
+    )
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`override` over `base`: mappings in both merge key by key (recursively), anything else
+    (a list, a scalar, a mapping over a non-mapping) is `override`'s. Neither is changed."""
+    merged = dict(base)
+    for key, value in override.items():
+        below = merged.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            merged[key] = deep_merge(below, value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _history_reasoning(name: str, value: object) -> str:

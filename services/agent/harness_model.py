@@ -32,12 +32,6 @@ from swerl.chassis.errors import SwerlError
 
 T = TypeVar("T")
 
-# The parsers of a harness session when the episode's agent config names none: Qwen3's
-# (Hermes-style <tool_call> JSON, <think> reasoning), the family of the bundled tokenizer. A
-# `tool_calls` agent config (e.g. `tools`) names the policy model's own.
-DEFAULT_TOOL_CALL_PARSER = "qwen25"
-DEFAULT_REASONING_PARSER = "qwen3"
-
 
 class PolicyAborted(Exception):
     """The trainer aborted a generation of the session (the episode ends ABORTED)."""
@@ -55,8 +49,10 @@ def session_spec(spec: EpisodeSpec) -> SessionSpec:
         max_context_tokens=spec.max_context_tokens,
         max_new_tokens=spec.max_new_tokens,
         lora_path=spec.lora_path,
-        tool_call_parser=config.tool_call_parser or DEFAULT_TOOL_CALL_PARSER,
-        reasoning_parser=config.reasoning_parser or DEFAULT_REASONING_PARSER,
+        # The agent config's parsers; where it names none the session's defaults apply
+        # (swerl.agent.gateway.parsing, their one owner).
+        tool_call_parser=config.tool_call_parser,
+        reasoning_parser=config.reasoning_parser,
         template_kwargs=dict(config.chat_template_kwargs),
         owner=spec.lease_owner,
     )

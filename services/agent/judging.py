@@ -52,6 +52,10 @@ class TurnToJudge:
     output: str
 
 
+# How long one turn's judgment may take when the episode's PRM options set no timeout.
+PRM_STEP_TIMEOUT_S = 120.0
+
+
 @dataclass(frozen=True)
 class PrmSpec:
     """An episode's PRM settings (EpisodeOptions.prm): whether and where its turns are judged,
@@ -62,7 +66,7 @@ class PrmSpec:
     m: int = 0
     coef: float = 0.0
     seed: int = 0
-    timeout_s: float = 120.0
+    timeout_s: float = PRM_STEP_TIMEOUT_S
 
 
 class StepJudge(Protocol):

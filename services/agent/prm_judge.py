@@ -24,7 +24,7 @@ import grpc
 
 from swerl.agent.judging import PrmSpec, StepScore, StepScoreState, TurnToJudge
 from swerl.chassis.client import make_channel
-from swerl.prm.client import PrmClient
+from swerl.prm.client import DEFAULT_TIMEOUT_S, PrmClient
 from swerl.prm.prompt import CurrentStep, HistoryStep, StepToJudge
 from swerl.prm.votes import JudgeState, Verdict
 
@@ -128,7 +128,7 @@ class PrmJudgeFactory:
             self._channels[endpoint] = channel
         timeout_s = spec.timeout_s or None
         return PrmStepJudge(
-            PrmClient(channel, timeout_s=timeout_s or 300.0),
+            PrmClient(channel, timeout_s=timeout_s or DEFAULT_TIMEOUT_S),
             episode_id=episode_id,
             votes=spec.m,
             seed=spec.seed,

@@ -27,7 +27,7 @@ from swerl.agent.errors import (
 )
 from swerl.agent.gateway.service import Gateway, gateway_cpu_pool
 from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
-from swerl.agent.judging import PrmSpec, StepJudge
+from swerl.agent.judging import PRM_STEP_TIMEOUT_S, PrmSpec, StepJudge
 from swerl.agent.modes import ChatMode, Policy, TokenMode
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, policy_retrying
@@ -138,6 +138,7 @@ class EpisodeRunner:
                     port=0,
                     routing_key_header=self.settings.routing_key_header,
                     retrying=self.policy_retrying,
+                    request_timeout_s=self.settings.policy_request_timeout_s,
                 )
                 await gateway.start()
                 self.gateway = self._own_gateway = gateway
@@ -298,7 +299,7 @@ class EpisodeRunner:
                 m=prm.m,
                 coef=prm.coef,
                 seed=prm.seed,
-                timeout_s=seconds_of(prm.timeout) or 120.0,
+                timeout_s=seconds_of(prm.timeout) or PRM_STEP_TIMEOUT_S,
             ),
             branch_at=branch.at_turn,
             branch_count=branch.count,

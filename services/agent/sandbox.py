@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
+from swerl.agent.budget import DEFAULT_LEASE_WAIT_S
 from swerl.agent.errors import EpisodeInfraError
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
@@ -233,7 +234,7 @@ class _PoolHandle:
 class PoolSandboxProvider:
     """Leases sandboxes from a swerl pool (`swerl.pool.client.PoolClient`)."""
 
-    def __init__(self, pool: PoolClient, *, lease_wait_s: float = 600.0) -> None:
+    def __init__(self, pool: PoolClient, *, lease_wait_s: float = DEFAULT_LEASE_WAIT_S) -> None:
         self._pool = pool
         self._wait_s = lease_wait_s
         # Releases of leases whose node stopped answering, running on after their episode ended.

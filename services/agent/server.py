@@ -72,6 +72,7 @@ class AgentServer(ServiceHost):
                 routing_key_header=settings.routing_key_header,
                 max_sessions=settings.gateway_max_sessions,
                 retrying=self.runner.policy_retrying,
+                request_timeout_s=settings.policy_request_timeout_s,
             )
             self.runner.gateway = self.gateway  # harness episodes open their sessions here
         self.server = GrpcServer(settings, name="agent")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from swerl.agent.budget import DEFAULT_LEASE_WAIT_S
 from swerl.agent.policy import RETRY_ATTEMPTS, RETRY_MAX_DELAY_S
 from swerl.chassis.settings import ServiceSettings
 
@@ -14,6 +15,9 @@ from swerl.chassis.settings import ServiceSettings
 # ms with 4 threads, 6-15 ms with one. One thread does ~1,000 calls/s of this work (~1 ms CPU
 # per call).
 GATEWAY_CPU_THREADS = 1
+# The limit on one policy call when the request sets none (`policy_request_timeout_s`): the
+# episodes' policy calls and the gateway sessions' that name none.
+POLICY_REQUEST_TIMEOUT_S = 600.0
 
 
 class AgentSettings(ServiceSettings):
@@ -25,7 +29,9 @@ class AgentSettings(ServiceSettings):
         None, description="bearer token for the pool and its nodes (default: this auth token)"
     )
     pool_tls_ca_file: str | None = Field(None, description="CA of the pool's TLS certificate")
-    lease_wait_s: float = Field(600.0, description="how long an episode waits for a sandbox")
+    lease_wait_s: float = Field(
+        DEFAULT_LEASE_WAIT_S, description="how long an episode waits for a sandbox"
+    )
     cpu_threads: int = Field(8, description="threads for tokenization and template rendering")
     tokenizer_processes: int = Field(
         2,
@@ -39,7 +45,7 @@ class AgentSettings(ServiceSettings):
         " garbage collector (Python's default is 10); 0 keeps Python's setting",
     )
     policy_request_timeout_s: float = Field(
-        600.0, description="limit on one policy call when the request sets none"
+        POLICY_REQUEST_TIMEOUT_S, description="limit on one policy call when the request sets none"
     )
     policy_connect_attempts: int = Field(
         RETRY_ATTEMPTS,

@@ -12,6 +12,15 @@ from swerl.agent.judging import PrmSpec
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2
 
+# Who drives an episode whose EpisodeOptions.harness is empty: swerl's own loop (the `builtin`
+# harness, swerl.agent.harnesses). Every other name is a harness with one budget (budget.py).
+DEFAULT_HARNESS = "builtin"
+
+
+def is_harnessed(harness: str) -> bool:
+    """Whether an episode's `EpisodeOptions.harness` names a harness other than swerl's loop."""
+    return harness not in ("", DEFAULT_HARNESS)
+
 
 @dataclass(frozen=True)
 class EpisodeSpec:
@@ -45,7 +54,7 @@ class EpisodeSpec:
     branch_at: int = 0
     branch_count: int = 0
     # EpisodeOptions.harness: who drives the episode in its sandbox (swerl.agent.harnesses).
-    harness: str = "builtin"
+    harness: str = DEFAULT_HARNESS
     # PolicyConfig.tokenizer_path: a harness episode's gateway session renders with it.
     tokenizer_path: str = ""
 

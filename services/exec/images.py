@@ -43,6 +43,7 @@ import docker.errors
 import structlog
 import tenacity
 
+from swerl.chassis.images import image_key
 from swerl.exec import metrics
 from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.errors import DockerUnavailable
@@ -130,15 +131,6 @@ class PullFailure(Exception):
 class _Pull:
     task: asyncio.Task[EnsureOutcome]
     listeners: set[Callable[[PullProgress], None]] = field(default_factory=set)
-
-
-def normalise(reference: str) -> str:
-    """`name` -> `name:latest`; ids and digests unchanged (how Docker lists RepoTags)."""
-    if reference.startswith("sha256:") or "@" in reference:
-        return reference
-    if ":" in reference[reference.rfind("/") + 1 :]:
-        return reference
-    return reference + ":latest"
 
 
 def split_reference(image: str) -> tuple[str, str | None]:
@@ -271,7 +263,7 @@ class ImageCache:
         self.store = store
         self._in_use = in_use
         self.budget = settings.image_disk_budget
-        self.pinned = {normalise(r) for r in [settings.base_image, *settings.pinned_images]}
+        self.pinned = {image_key(r) for r in [settings.base_image, *settings.pinned_images]}
         self._pulls: dict[str, _Pull] = {}
         self._failures: dict[str, tuple[float, EnsureOutcome]] = {}
         # Bytes set aside for pulls under way (their estimated size), by image.
@@ -309,15 +301,15 @@ class ImageCache:
         return CacheUsage(self.budget, used, len(cached))
 
     def _is_pinned(self, row: dict[str, Any]) -> bool:
-        return row["Id"] in self.pinned or any(t in self.pinned for t in _names(row))
+        return row["Id"] in self.pinned or any(image_key(t) in self.pinned for t in _names(row))
 
     def _in_use_by_id(self, rows: list[dict[str, Any]], also: Iterable[str] = ()) -> Counter[str]:
         """Image id -> sandboxes using it (plus one for each reference in `also`)."""
-        ids = {name: row["Id"] for row in rows for name in _names(row)}
+        ids = {image_key(name): row["Id"] for row in rows for name in _names(row)}
         ids.update({row["Id"]: row["Id"] for row in rows})
         counts: Counter[str] = Counter()
         for reference in [*self._in_use(), *also]:
-            image_id = ids.get(normalise(reference))
+            image_id = ids.get(image_key(reference))
             if image_id is not None:
                 counts[image_id] += 1
         return counts

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from swerl.chassis.images import image_key
 from swerl.pool.nodes import CreateRequest, NodeConnection
 
 if TYPE_CHECKING:
@@ -332,29 +333,11 @@ class Watcher:
         self.leases: set[str] = set()
 
 
-# Docker lists an image from Docker Hub without its registry (and `library/`): a row's
-# `docker.io/swebench/x:latest` is present as `swebench/x:latest`.
-_DOCKER_HUB_PREFIXES = (
-    "docker.io/library/",
-    "index.docker.io/library/",
-    "docker.io/",
-    "index.docker.io/",
-)
-
-
 @functools.lru_cache(maxsize=4096)
 def image_names(image: str) -> tuple[str, ...]:
-    """The names a present image may be listed under ("x" is "x:latest"; Docker Hub's
-    `docker.io/` prefix dropped)."""
-    names = [image]
-    for prefix in _DOCKER_HUB_PREFIXES:
-        if image.startswith(prefix):
-            names.append(image.removeprefix(prefix))
-            break
-    last = image.rsplit("/", 1)[-1]
-    if "@" in image or ":" in last or image.startswith("sha256:"):
-        return tuple(names)
-    return tuple(n for name in names for n in (name, name + ":latest"))
+    """The names a present image may be listed under: as written, and as Docker lists it
+    (`image_key`: "x" is "x:latest", Docker Hub's registry and `library/` dropped)."""
+    return tuple(dict.fromkeys((image, image_key(image))))
 
 
 def parse_static_node(text: str) -> tuple[str, str]:

@@ -27,6 +27,7 @@ import hashlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from swerl.chassis.images import image_key
 from swerl.pool.errors import ImageNotPresent
 from swerl.pool.model import Lease, LoadIndex, Node, NodeState, Spare
 
@@ -38,19 +39,6 @@ class Choice:
     node: Node
     spare: Spare | None = None
     pull: bool = False  # the node must pull the image first (or is pulling it already)
-
-
-def image_key(image: str) -> str:
-    """The name an image is hashed under, as Docker lists it: no docker.io/ or library/ prefix
-    and a tag always, so "python:3.11", "docker.io/library/python:3.11" agree."""
-    if "@" in image:
-        return image
-    for prefix in ("docker.io/library/", "docker.io/", "index.docker.io/"):
-        if image.startswith(prefix):
-            image = image[len(prefix) :]
-            break
-    last = image.rsplit("/", 1)[-1]
-    return image if ":" in last else image + ":latest"
 
 
 def _score(key: bytes, node_id: str) -> int:

@@ -20,8 +20,6 @@ import grpc
 
 from swerl.agent import budget
 from swerl.agent import client as agent_client
-from swerl.agent.config import load_config
-from swerl.agent.errors import UnknownConfig
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info
@@ -64,18 +62,13 @@ class EvalConfig:
     @property
     def episode_deadline_s(self) -> float:
         # The agent enforces the limits; this deadline only catches an agent that never answers.
-        # A zero limit is the agent config's default, read from that config (its one owner); a
-        # config this install lacks falls back to the default one (the agent judges the name).
-        try:
-            defaults = load_config(self.config_name).defaults
-        except UnknownConfig:
-            defaults = load_config().defaults
-        wall = self.wall_timeout_s or defaults.wall_timeout_s
-        evaluation = self.eval_timeout_s or defaults.eval_timeout_s
-        # Past the agent's own bound (swerl.agent.budget), so no sandbox outlives its episode.
-        harnessed = self.harness not in ("", "builtin")
-        ordered = budget.client_deadline_s(wall, evaluation, harnessed=harnessed)
-        return max(wall + evaluation + 600.0, ordered)
+        # It is past the agent's own bound on the episode, so no sandbox outlives its episode.
+        return budget.client_deadline(
+            wall_timeout_s=self.wall_timeout_s,
+            eval_timeout_s=self.eval_timeout_s,
+            harness=self.harness,
+            config_name=self.config_name,
+        ).deadline_s
 
 
 def episode_start(instance: EvalInstance, config: EvalConfig, episode_id: str) -> pb.EpisodeStart:

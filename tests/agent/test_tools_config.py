@@ -4,8 +4,6 @@ INVALID_ARGUMENT at the episode's start)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -26,7 +24,7 @@ def test_the_shipped_tools_config_declares_three_tools_and_qwen3s_parsers():
 
 @pytest.fixture
 def config_dir(tmp_path, monkeypatch):
-    shipped = yaml.safe_load((Path(config_module.CONFIG_DIR) / "tools.yaml").read_text())
+    shipped = config_module.config_mapping("tools")  # its `extends:` merged in
     monkeypatch.setattr(config_module, "CONFIG_DIR", tmp_path)
     load_config.cache_clear()
     yield tmp_path, shipped

@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from agent_playback import (
+from testkit.playback import (
     PROMPT,
     PlaybackAgent,
     PlaybackServer,
@@ -20,7 +20,9 @@ from agent_playback import (
     result,
     turns,
 )
-from conftest import SAMPLING_PARAMS, make_args, make_sample
+from testkit.plugin import SAMPLING_PARAMS, make_args, make_sample
+
+from swerl.agent import budget
 
 pytestmark = pytest.mark.usefixtures("fw")
 
@@ -336,9 +338,20 @@ async def test_agent_ignoring_cancel_has_its_call_cancelled_after_the_grace(fw, 
     assert got.metadata["error_reason"] == "CANCEL_UNANSWERED"
 
 
-async def test_overall_deadline_cancels_the_episode(fw, sampling_params):
+async def test_overall_deadline_cancels_the_episode(fw, sampling_params, monkeypatch):
+    # The deadline is the backstop behind an agent that overruns its own bound: this agent
+    # never ends on its own. A sub-second deadline must still exceed the agent's bound, so the
+    # bound is made sub-second too (its fixed grading overhead and margin zeroed).
+    monkeypatch.setattr(budget, "GRADING_OVERHEAD_S", 0.0)
+    monkeypatch.setattr(budget, "CLIENT_MARGIN_S", 0.0)
     async with agent(lambda start: Scenario(wait_for_cancel=True)) as server:
-        args = make_args([server.address], episode_deadline_s=0.3)
+        args = make_args(
+            [server.address],
+            episode_deadline_s=0.3,
+            agent_lease_wait_s=0.05,
+            wall_timeout_s=0.1,
+            eval_timeout_s=0.1,
+        )
         out = await asyncio.wait_for(fw.generate(args, make_sample(), sampling_params), 3.0)
         assert len(server.agent.cancels) == 1
     (got,) = fw.check_call_result(out, per_turn=False)

@@ -21,6 +21,10 @@ from swerl.agent.toolcalls import (
     parse_reply,
 )
 
+# The parsers of a session that names none (an OpenSession without them, a harness episode whose
+# agent config names none): Qwen3's (Hermes-style <tool_call> JSON, <think> reasoning), the
+# family of the bundled tokenizer. A `tool_calls` agent config (e.g. `tools`) names the policy
+# model's own.
 DEFAULT_TOOL_CALL_PARSER = "qwen25"
 DEFAULT_REASONING_PARSER = "qwen3"
 NO_REASONING = "none"

@@ -29,12 +29,10 @@ from swerl.agent.policy import (
     TokenPolicy,
     policy_retrying,
 )
-from swerl.agent.settings import GATEWAY_CPU_THREADS
+from swerl.agent.settings import GATEWAY_CPU_THREADS, POLICY_REQUEST_TIMEOUT_S
 from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
-
-DEFAULT_REQUEST_TIMEOUT_S = 600.0
 
 
 def gateway_cpu_pool(threads: int = GATEWAY_CPU_THREADS) -> ThreadPoolExecutor:
@@ -57,8 +55,11 @@ class Gateway:
         routing_key_header: str = "X-SMG-Routing-Key",
         max_sessions: int = 4096,
         retrying: Any = None,
+        request_timeout_s: float = POLICY_REQUEST_TIMEOUT_S,
     ) -> None:
         self._http_session = http_session
+        # A session's policy calls' limit when its OpenSession names none (the agent's setting).
+        self._request_timeout_s = request_timeout_s
         self._executor = executor
         self._routing_key_header = routing_key_header
         # The agent's policy retry policy (its settings), shared by every session's client.
@@ -82,7 +83,7 @@ class Gateway:
             self._http_session() if callable(self._http_session) else self._http_session,
             spec.endpoint,
             spec.sampling_params,
-            request_timeout_s=spec.request_timeout_s or DEFAULT_REQUEST_TIMEOUT_S,
+            request_timeout_s=spec.request_timeout_s or self._request_timeout_s,
             executor=self._executor,
             retrying=self._retrying,
             headers={header: session_id} if header else {},

@@ -15,12 +15,11 @@ from swerl.agent.harnesses.base import (
 from swerl.agent.harnesses.builtin import BuiltinHarness
 from swerl.agent.harnesses.claude_code import ClaudeCodeHarness
 from swerl.agent.harnesses.mini_swe_agent import MiniSweAgentHarness
-
-DEFAULT_HARNESS = "builtin"
+from swerl.agent.spec import DEFAULT_HARNESS
 
 # name -> factory of one harness per episode.
 HARNESSES: dict[str, HarnessFactory] = {
-    "builtin": BuiltinHarness,
+    BuiltinHarness.name: BuiltinHarness,
     "claude-code": ClaudeCodeHarness,
     "mini-swe-agent": MiniSweAgentHarness,
 }

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from swerl.agent.harnesses.base import HarnessRun
+from swerl.agent.spec import DEFAULT_HARNESS
 from swerl.agent.status import EpisodeStatus
 
 
 class BuiltinHarness:
     """Runs the episode's own loop; the episode keeps its submission and status."""
 
-    name = "builtin"
+    name = DEFAULT_HARNESS
     timeout_status = EpisodeStatus.LIMIT_TIME
 
     async def prepare(self, run: HarnessRun) -> None:

@@ -38,6 +38,7 @@ from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.harnesses.base import HarnessFailed, HarnessModel, HarnessRun
 from swerl.agent.harnesses.mini_env import SandboxEnvironmentBase
 from swerl.agent.sandbox import SandboxHandle
+from swerl.agent.settings import POLICY_REQUEST_TIMEOUT_S
 from swerl.agent.status import EpisodeStatus
 from swerl.exec.outcome import ExecResult
 
@@ -199,7 +200,7 @@ class MiniSweAgentHarness:
             **(model_config.get("model_kwargs") or {}),
             "api_base": model.openai_base_url,
             "api_key": model.api_key,
-            "timeout": spec.request_timeout_s or 600.0,
+            "timeout": spec.request_timeout_s or POLICY_REQUEST_TIMEOUT_S,
         }
         model_config["cost_tracking"] = "ignore_errors"
         env_config = dict(config.get("environment") or {})

@@ -22,7 +22,7 @@ from swerl.pool.v1 import pool_pb2
 from swerl.stack import LocalStack, local_stack
 from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
-from tests.exec.exec_testkit import remove_containers_of
+from testkit.exec import remove_containers_of
 
 TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
 
