@@ -1,5 +1,6 @@
-"""The docs hold together: every relative link in the README and the docs resolves, and the README
-stays short enough to read in ten minutes.
+"""The docs hold together: every relative link in the README, the docs, the service and plugin
+READMEs and the benchmarks' pages resolves; the README links every docs page and folder README;
+every service folder has its README; and the README stays short enough to read in ten minutes.
 
 A link is `[text](target)` or `![alt](target)` outside code (fenced blocks and inline code spans
 are skipped, since they show markdown rather than link). Targets that leave the repository
@@ -125,6 +126,38 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
     assert ROOT / "README.md" in files and len(files) > 5
     broken = [str(link) for path in files for link in broken_links(path)]
     assert broken == [], "links that do not resolve:\n" + "\n".join(broken)
+
+
+def readme_targets(root: Path = ROOT) -> set[Path]:
+    """The files the README links to, resolved."""
+    readme = root / "README.md"
+    found: set[Path] = set()
+    for _, line in _prose_lines(readme.read_text(encoding="utf-8")):
+        for match in _LINK.finditer(line):
+            target = match.group(1).partition("#")[0]
+            if target and not target.startswith(_EXTERNAL):
+                found.add((root / target).resolve())
+    return found
+
+
+def test_the_readme_links_every_docs_page_and_every_folder_readme() -> None:
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    pages += [*sorted(ROOT.glob("services/*/README.md")), ROOT / "trainer_plugin" / "README.md"]
+    pages += sorted((ROOT / "benchmarks").glob("*.md"))
+    linked = readme_targets()
+    missing = [str(page.relative_to(ROOT)) for page in pages if page.resolve() not in linked]
+    assert missing == [], f"pages the README does not link: {missing}"
+
+
+def test_every_service_folder_has_a_readme() -> None:
+    folders = [
+        path for path in sorted((ROOT / "services").iterdir()) if (path / "__init__.py").is_file()
+    ]
+    assert folders, "no service folders found"
+    missing = [
+        str(path.relative_to(ROOT)) for path in folders if not (path / "README.md").is_file()
+    ]
+    assert missing == [], f"service folders without a README.md: {missing}"
 
 
 def test_the_readme_is_short() -> None:
