@@ -4,7 +4,7 @@ restart of a node, of the pool, of an agent, SIGSTOP of a node for 10 s, the pol
 and hanging, dockerd restarted. It fails on any lost episode or leaked sandbox.
 
 The full run is `benchmarks/soak.py --episodes 1000`; this runs the same script, so what CI
-proves is what the README's figures come from.
+proves is what the figures in benchmarks/RESULTS.md come from.
 """
 
 from __future__ import annotations
