@@ -63,6 +63,23 @@ def harness_bundle_dir():
     return root
 
 
+# -- logging set by one test does not reach the next ---------------------------------------------
+# A test that runs a CLI in-process (`swerl eval` quiets swerl's logs to warnings) leaves
+# structlog configured so; a later test of the same process that captures info lines
+# (structlog.testing.capture_logs) would then see none. Which tests share a process depends on
+# the order and on the pytest-xdist worker, so each test gets back the configuration it found.
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored():
+    import logging
+
+    import structlog
+
+    saved, root_level = structlog.get_config(), logging.getLogger().level
+    yield
+    structlog.configure(**saved)
+    logging.getLogger().setLevel(root_level)
+
+
 # -- which tests need dockerd ------------------------------------------------------------------
 # Every test whose fixtures need dockerd is marked `docker` (testkit.docker names the fixtures),
 # so `pytest -m "not docker"` runs without one. First, so that `-m` sees the markers.
