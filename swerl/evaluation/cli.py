@@ -232,7 +232,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.replay and not args.dataset.is_dir():
         print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
         return 2
-    problem = _branching_problem(args)
+    problem = _branching_problem(args) or _harness_problem(args)
     if problem:
         print(f"swerl eval: {problem}", file=sys.stderr)
         return 2
@@ -272,6 +272,21 @@ EXIT_STACKS_AFTER_S = 30.0
 
 
 MAX_BRANCHES = 64  # EpisodeBranch.count's limit in the agent contract
+
+
+def _harness_problem(args: argparse.Namespace) -> str | None:
+    """Why this process's agent cannot run --harness (None: it can, or the agent is remote and
+    answers for its own host). Checked before anything starts: no stack, no sandbox leased."""
+    if args.agent:
+        return None
+    from swerl.agent.errors import HarnessUnavailable
+    from swerl.agent.harnesses import check_installed
+
+    try:
+        check_installed(args.harness)
+    except HarnessUnavailable as err:
+        return err.message
+    return None
 
 
 def _branching_problem(args: argparse.Namespace) -> str | None:

@@ -5,6 +5,9 @@ episode leases the sandbox, calls `prepare`, then `run` under the episode's time
 grades what the sandbox holds afterwards. The episode, not the harness, owns the clock and the
 lease: when the budget runs out, the lease is lost or the trainer aborts, it cancels `run` and
 calls `cancel` (which must stop whatever the harness started at once, and be idempotent).
+A harness class that imports optional packages when it runs names them in a class attribute
+`requires` (a tuple of `swerl.chassis.extras.OptionalPackage`): the registry checks them before
+the episode is accepted.
 
 Pure domain: no gRPC.
 """

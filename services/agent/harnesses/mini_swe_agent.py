@@ -40,6 +40,7 @@ from swerl.agent.harnesses.mini_env import SandboxEnvironmentBase
 from swerl.agent.sandbox import SandboxHandle
 from swerl.agent.settings import POLICY_REQUEST_TIMEOUT_S
 from swerl.agent.status import EpisodeStatus
+from swerl.chassis.extras import OptionalPackage
 from swerl.exec.outcome import ExecResult
 
 # mini-swe-agent's own config the harness runs with (its SWE-bench one: tool calling).
@@ -59,6 +60,8 @@ def _mini() -> Any:
     with _import_lock:
         # No network for litellm's model cost map: its bundled copy (swerl tracks no cost).
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        # mini-swe-agent prints a banner to stdout on import; the agent's stdout is swerl's.
+        os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
         import minisweagent.agents.default as agents
         import minisweagent.config as config
         import minisweagent.models.litellm_model as models
@@ -144,9 +147,18 @@ def _gateway_model(models: Any, stop: threading.Event) -> type:
     return GatewayModel
 
 
+# What the harness imports when it runs (swerl's `harness` extra); the agent refuses its episodes
+# when either is missing (HARNESS_UNAVAILABLE).
+REQUIRES = (
+    OptionalPackage("minisweagent", "mini-swe-agent", "harness"),
+    OptionalPackage("litellm", "litellm", "harness"),
+)
+
+
 class MiniSweAgentHarness:
     name = "mini-swe-agent"
     timeout_status = EpisodeStatus.HARNESS_TIMEOUT
+    requires: ClassVar[tuple[OptionalPackage, ...]] = REQUIRES
 
     def __init__(self) -> None:
         self._stop = threading.Event()
