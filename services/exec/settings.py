@@ -10,9 +10,20 @@ from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis.settings import ServiceSettings
 
+# The node's own bounds on its work. Its client (swerl.exec.client) derives each call's deadline
+# from them, so they live here, in a module a client imports without the node's dependencies.
 # A command's timeout when its request has none (timeout 0): ExecSettings.default_timeout_s, and
 # the client's deadline for such a command (it cannot ask the node) is this plus a margin.
 DEFAULT_COMMAND_TIMEOUT_S = 180.0
+# How long GetDiff's script may run in the sandbox (swerl.exec.diff).
+DIFF_TIMEOUT_S = 120.0
+# An Evaluate's tests' limit when its request has none (swerl.exec.evaluate).
+DEFAULT_EVALUATION_TIMEOUT_S = 600.0
+# A harness bundle's build (OpenHarness on a node that lacks it, swerl.exec.bundles) runs two
+# subprocesses one after the other, the Node runtime's `pip download` and the harness's
+# `npm install`, each bounded by the step timeout.
+HARNESS_BUILD_STEP_TIMEOUT_S = 900.0
+HARNESS_BUILD_TIMEOUT_S = 2 * HARNESS_BUILD_STEP_TIMEOUT_S
 
 
 class ExecSettings(ServiceSettings):
