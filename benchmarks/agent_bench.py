@@ -35,7 +35,6 @@ import multiprocessing
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from benchkit import free_port, progress
 
@@ -501,5 +500,4 @@ def compare_harness(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main())

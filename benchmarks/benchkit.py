@@ -4,8 +4,10 @@ Progress lines, the machine facts a report starts with, the node under test as a
 `swerl exec serve` process (start, wait until SERVING, stop, sweep the containers it left) and
 `run_main`, the runner that cleans up on every way out: Ctrl-C or SIGTERM gives 130, an error
 1 with its traceback; the cleanup steps run in reverse with SIGINT/SIGTERM ignored, and the
-temp workdir is removed. The scripts are run as `python benchmarks/X.py`, so `benchmarks/` is
-on sys.path and they import this as `benchkit`.
+temp workdir is removed. Also the bridge a private dockerd's default network gets (the soak's,
+and the tests' second dockerd: tests/testkit/dockerd.py imports it from here). The scripts are run
+as `python benchmarks/X.py`, so `benchmarks/` is on sys.path and they import this as `benchkit`
+(pytest puts it there for the tests: pyproject's `pythonpath`).
 """
 
 from __future__ import annotations
@@ -226,6 +228,23 @@ def shutdown_node(
         removed = remove_leftover_containers(docker_client, {"label": label})
         if removed:
             progress(f"removed {removed} leftover containers ({label})")
+
+
+# ---------------------------------------------------------------------------------------------
+# A private dockerd's bridge
+
+
+def create_bridge() -> str:
+    """A new, empty Linux bridge for a private dockerd's default network (`--bridge NAME`); the
+    dockerd gives it an address of its choosing. Delete it with `delete_bridge`."""
+    name = "swb" + os.urandom(5).hex()  # interface names hold at most 15 characters
+    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "set", name, "up"], check=True)
+    return name
+
+
+def delete_bridge(name: str) -> None:
+    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
 # ---------------------------------------------------------------------------------------------

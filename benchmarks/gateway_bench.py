@@ -27,13 +27,9 @@ import asyncio
 import json
 import multiprocessing
 import statistics
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from benchkit import free_port, progress
 

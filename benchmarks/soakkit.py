@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -28,9 +29,7 @@ from pathlib import Path
 import docker
 import grpc
 import psutil
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from dockerd_kit import create_bridge, delete_bridge
+from benchkit import create_bridge, delete_bridge
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swerl.pool.v1 import pool_pb2, pool_pb2_grpc
@@ -390,12 +389,13 @@ class SoakCluster:
         self.policy_urls: dict[str, str] = {}
         self.policy_procs: dict[str, Proc] = {}
         for variant in POLICY_VARIANTS:
-            port = free_port()
-            self.policy_urls[variant] = f"http://127.0.0.1:{port}"
+            # Port 0: the server binds a port of its own and prints its URL, which wait_policy
+            # reads (a port probed free here can be taken by another process before the server
+            # binds it; a replay policy is never restarted, so its URL holds for the run).
             choice = replay_args(variant)
             self.policy_procs[variant] = Proc(
                 f"policy-{variant}",
-                [*run, "replay", "serve", "--port", str(port), "--fault-control", *choice],
+                [*run, "replay", "serve", "--port", "0", "--fault-control", *choice],
                 {},
                 self.workdir / f"policy-{variant}.log",
             )
@@ -464,13 +464,23 @@ class SoakCluster:
     def wait_policy(self, variant: str, timeout_s: float = START_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.policy_urls[variant] + "/health", timeout=2):
-                    return
+            url = self.policy_urls.get(variant) or self._served_url(variant)
+            if url:
+                self.policy_urls[variant] = url
+                with contextlib.suppress(OSError):
+                    with urllib.request.urlopen(url + "/health", timeout=2):
+                        return
             self.policy_procs[variant].check_running()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"replay policy {variant} not up in {timeout_s:.0f} s")
             time.sleep(0.2)
+
+    def _served_url(self, variant: str) -> str:
+        """The URL a replay policy printed once it was serving ("" before that)."""
+        log = self.policy_procs[variant].log_path
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = re.search(r"serving /generate on (http://\S+)", text)
+        return found.group(1) if found else ""
 
     def policy_fault(self, mode: str, duration_s: float) -> None:
         """Every replay policy answers 500 ("error") or holds requests ("hang") for a window."""

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: real dockerd, the base image, real gRPC servers on port 0."""
+"""Fixtures shared by every test (real dockerd and the base image, the harness bundles, grpcurl)
+and the hooks of the whole run: the `docker` marker, progress lines, task stacks of a hung test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 
 import pytest
+from testkit.docker import mark_docker_tests
 
 BASE_IMAGE = os.environ.get("SWERL_BASE_IMAGE", "swerl-base:bookworm")
 
@@ -39,6 +41,14 @@ def base_image() -> str:
 
 
 @pytest.fixture(scope="session")
+def grpcurl_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """grpcurl from PATH, else installed into a temp dir (testkit.grpcurl); a failure without."""
+    from testkit.grpcurl import find_or_install_grpcurl
+
+    return find_or_install_grpcurl(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def harness_bundle_dir():
     """A harness bundle directory holding the default claude-code bundle (swerl.exec.bundles),
     built once and kept between runs (SWERL_EXEC_HARNESS_BUNDLE_DIR, default the local stack's
@@ -53,12 +63,29 @@ def harness_bundle_dir():
     return root
 
 
+# -- which tests need dockerd ------------------------------------------------------------------
+# Every test whose fixtures need dockerd is marked `docker` (testkit.docker names the fixtures),
+# so `pytest -m "not docker"` runs without one. First, so that `-m` sees the markers.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_docker_tests(items)
+
+
 # -- what a run that dies tells --------------------------------------------------------------
 # A process that dies of a signal (a crash in native code, the OOM killer) prints no summary: the
 # failures before it and the test it died in would be lost. With SWERL_TEST_PROGRESS set to a
 # file, each test is written there as it starts and each failure as it is reported, so
 # scripts/test can say what happened (it sets the variable and prints the file on such a death).
 _PROGRESS = os.environ.get("SWERL_TEST_PROGRESS", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist the workers run the tests and write the file (a hung test's task stacks
+    # exist only in its worker); the controller sees every report again and writes nothing.
+    global _PROGRESS
+    is_worker = "PYTEST_XDIST_WORKER" in os.environ
+    if getattr(config.option, "numprocesses", None) and not is_worker:
+        _PROGRESS = ""
 
 
 def _progress(line: str) -> None:

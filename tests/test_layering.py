@@ -1,9 +1,9 @@
 """The code's shape: no import cycle, layers chassis <- services <- tools, no module over 800 lines.
 
 Modules are found through pyproject.toml's `package-dir` (the same table setup.py builds from), so
-`swerl.exec.shell` is `services/exec/shell.py` here exactly as it is once installed. Imports are
-read from the source with `ast`; generated contract modules (`*_pb2*.py`) are not read, only
-imported.
+`swerl.exec.shell.session` is `services/exec/shell/session.py` here exactly as it is once
+installed (a service's import path does not name its folder). Imports are read from the source
+with `ast`; generated contract modules (`*_pb2*.py`) are not read, only imported.
 
 Which imports count:
 - Layering counts every import, at module level or inside a function: a lazy import is still a

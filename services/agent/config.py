@@ -1,7 +1,8 @@
 """Agent configs: the prompt templates, command environment and default limits, by name.
 
-A config is a YAML file shipped in `swerl/agent/configs/<name>.yaml` (EpisodeOptions.config_name;
-empty means "default"). Templates are Jinja2 with StrictUndefined, compiled once per config.
+A config is a YAML file shipped in `services/agent/configs/<name>.yaml`, installed as
+`swerl/agent/configs/` (EpisodeOptions.config_name; empty means "default"). Templates are Jinja2
+with StrictUndefined, compiled once per config.
 
 A config may start from another: `extends: <name>` (a shipped config) or `extends: <path>` (a
 YAML file; a relative path is read from the extending file's folder; a path is anything with a

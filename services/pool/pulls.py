@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import structlog
 
 from swerl.chassis.errors import SwerlError
+from swerl.chassis.images import image_key
 from swerl.pool import metrics, placement
 from swerl.pool.errors import NodeUnreachable, pull_error
 from swerl.pool.model import Node, image_names
@@ -78,14 +79,10 @@ class _Failure:
 
 def registry_of(image: str) -> str:
     """The registry host an image is pulled from ("docker.io" for unqualified names)."""
-    first, sep, _ = image_key_of(image).partition("/")
+    first, sep, _ = image_key(image).partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
         return first
     return "docker.io"
-
-
-def image_key_of(image: str) -> str:
-    return placement.image_key(image)
 
 
 class Pulls:
@@ -109,7 +106,7 @@ class Pulls:
         )
         if healthy != self._homes_nodes:
             self._homes, self._homes_nodes = {}, healthy
-        key = image_key_of(image)
+        key = image_key(image)
         found = self._homes.get(key)
         if found is None:
             if len(self._homes) >= 100_000:  # Bounded: a dataset's images, not every name.
@@ -121,7 +118,7 @@ class Pulls:
 
     def pulling_on(self, image: str) -> dict[str, Pull]:
         """The nodes pulling `image` now (or about to)."""
-        return self._by_image.get(image_key_of(image), {})
+        return self._by_image.get(image_key(image), {})
 
     def pulls(self) -> list[Pull]:
         return list(self._jobs.values())
@@ -129,7 +126,7 @@ class Pulls:
     def check(self, image: str) -> None:
         """Raises at once the error of a recent failure that a new pull would only repeat."""
         now = time.time()
-        key = image_key_of(image)
+        key = image_key(image)
         for name in ("image:" + key, "registry:" + registry_of(image)):
             failure = self._failures.get(name)
             if failure is not None and failure.until > now:
@@ -144,7 +141,7 @@ class Pulls:
     # -- starting pulls -----------------------------------------------------------------
     def start(self, node: Node, image: str, priority: PullPriority) -> Pull:
         """The pull of `image` on `node`: the one in flight, or a new one in the node's line."""
-        key = image_key_of(image)
+        key = image_key(image)
         pull = self._jobs.get((node.node_id, key))
         if pull is not None:
             if priority < pull.priority:
@@ -229,7 +226,7 @@ class Pulls:
         metrics.IMAGE_PULLS.labels(status).inc()
         metrics.PULL_SECONDS.labels(pull.priority.name).observe(time.time() - pull.queued_time)
         node.images |= set(image_names(pull.image))
-        self._failures.pop("image:" + image_key_of(pull.image), None)
+        self._failures.pop("image:" + image_key(pull.image), None)
         self._failures.pop("registry:" + registry_of(pull.image), None)
         log.info(
             "pool.image_pulled",
@@ -247,14 +244,14 @@ class Pulls:
         now = time.time()
         s = self._settings
         if reason in PERMANENT_REASONS:
-            name, delay = "image:" + image_key_of(pull.image), s.pull_failure_ttl_s
+            name, delay = "image:" + image_key(pull.image), s.pull_failure_ttl_s
             failures = 1
         else:
             # REGISTRY_UNREACHABLE stops pulls from the whole registry; PULL_FAILED of one image.
             name = (
                 "registry:" + registry_of(pull.image)
                 if reason == "REGISTRY_UNREACHABLE"
-                else "image:" + image_key_of(pull.image)
+                else "image:" + image_key(pull.image)
             )
             previous = self._failures.get(name)
             failures = (previous.failures if previous else 0) + 1
@@ -280,7 +277,7 @@ class Pulls:
         )
 
     def _finish(self, pull: Pull, error: SwerlError | NodeUnreachable | None) -> None:
-        key = image_key_of(pull.image)
+        key = image_key(pull.image)
         if self._jobs.get((pull.node_id, key)) is pull:
             del self._jobs[(pull.node_id, key)]
         on_image = self._by_image.get(key, {})

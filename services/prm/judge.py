@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from swerl.chassis.retry import async_retrying
 from swerl.prm import metrics
@@ -38,14 +38,17 @@ _PROMPT_SHRINK_ROUNDS = 4
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    default_votes: int = 3
-    max_votes: int = 16
-    max_concurrent_requests: int = 64
-    request_timeout_s: float = 120.0
-    retry_max_attempts: int = 3
-    retry_max_delay_s: float = 10.0
-    max_prompt_tokens: int = 0
-    limits: PromptLimits = field(default_factory=PromptLimits)
+    """The judge's limits, every one given: their defaults are `PrmSettings`' (the one owner);
+    `swerl.prm.server.judge_config` builds this from the settings."""
+
+    default_votes: int
+    max_votes: int
+    max_concurrent_requests: int
+    request_timeout_s: float
+    retry_max_attempts: int
+    retry_max_delay_s: float
+    max_prompt_tokens: int
+    limits: PromptLimits
 
 
 def _is_connection_error(exc: BaseException) -> bool:

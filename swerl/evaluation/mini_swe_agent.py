@@ -33,6 +33,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, Field
 
+from swerl.agent.budget import DEFAULT_LEASE_WAIT_S
 from swerl.agent.harnesses.mini_env import SandboxEnvironmentBase
 
 ENVIRONMENT_CLASS = "swerl.evaluation.mini_swe_agent.SwerlEnvironment"
@@ -61,8 +62,8 @@ class SwerlEnvironmentConfig(BaseModel):
     """Recorded on the lease, for operators."""
     owner: str = "mini-swe-agent"
     """Recorded on the lease, for operators."""
-    lease_wait_s: float = 600.0
-    """How long to wait in the pool's queue for a sandbox."""
+    lease_wait_s: float = DEFAULT_LEASE_WAIT_S
+    """How long to wait in the pool's queue for a sandbox (the agent's default)."""
     max_output_bytes: int = 0
     """Output cap per command (0: the node's default), head and tail kept."""
 

@@ -9,7 +9,7 @@ import sys
 
 import grpc
 import pytest
-from agent_testkit import agent_stack, bundled_tasks, check_record, start_for
+from testkit.agent import agent_stack, bundled_tasks, check_record, start_for
 
 from swerl.agent.client import (
     episode_limits,
@@ -71,19 +71,27 @@ def test_the_trainer_plugin_imports_only_the_agents_contract_and_client():
 
 
 def test_the_budget_module_a_client_shares_imports_nothing_of_swerl():
+    # At import time budget loads only the standard library; client_deadline reads the agent's
+    # configs, and imports them when it is called (the trainer plugin stays light until then).
     import ast
     import inspect
 
     from swerl.agent import budget
 
     tree = ast.parse(inspect.getsource(budget))
-    imported = [
+    top_level = [
         node.module if isinstance(node, ast.ImportFrom) else alias.name
-        for node in ast.walk(tree)
+        for node in tree.body
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     ]
-    assert imported == ["__future__"], imported
+    assert top_level == ["__future__", "dataclasses"], top_level
+    code = (
+        "import sys, swerl.agent.budget;"
+        "print(sorted(m for m in sys.modules if m.startswith('swerl')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert eval(out.stdout) == ["swerl", "swerl.agent", "swerl.agent.budget"], out.stdout
 
 
 @pytest.mark.usefixtures("base_image")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 
-from agent_testkit import bundled_tasks, result_of, start_for
 from test_evaluation_infra import SUBMIT, _Sandbox
+from testkit.agent import bundled_tasks, result_of, start_for
 
 from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.server import AgentServer

@@ -4,7 +4,7 @@ sampling seed (real Qwen3 tokenizer, real SglangPolicy against the replay server
 from __future__ import annotations
 
 import aiohttp
-from agent_testkit import TOKENIZER_DIR
+from testkit.agent import TOKENIZER_DIR
 
 from swerl.agent.config import load_config
 from swerl.agent.modes import TokenMode

@@ -12,7 +12,7 @@ import time
 
 import docker
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     assert_no_active_lease,
     bundled_tasks,

@@ -5,7 +5,8 @@ the turns before, never INFRA_ERROR. Real agent, pool, exec node and dockerd."""
 
 from __future__ import annotations
 
-from agent_testkit import (
+import pytest
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,
@@ -22,6 +23,7 @@ CONTEXT_LENGTH = 3000
 MAX_NEW = 256
 
 
+@pytest.mark.usefixtures("base_image")
 async def test_an_episode_past_the_engines_context_length_ends_limit_context_graded() -> None:
     task = bundled_tasks()[0]
     key = next(iter(scripts_for_tasks([task])))

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
-from agent_testkit import bundled_tasks, result_of, start_for
+from testkit.agent import bundled_tasks, result_of, start_for
 
 from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.server import AgentServer

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     TOKENIZER_DIR,
     agent_stack,
     assert_no_active_lease,

@@ -10,7 +10,7 @@ import json
 import aiohttp
 import anthropic
 import pytest
-from gateway_testkit import ANTHROPIC_BASH_TOOL, KEY, assert_chains_exact, gateway_env
+from testkit.gateway import ANTHROPIC_BASH_TOOL, KEY, assert_chains_exact, gateway_env
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind

@@ -9,9 +9,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from gateway_testkit import BASH_TOOL, KEY, assert_chains_exact, gateway_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from testkit.gateway import BASH_TOOL, KEY, assert_chains_exact, gateway_env
 
 from swerl.agent.gateway.errors import SessionClosed
 from swerl.agent.gateway.incremental import BodyReader, DigestMemo

@@ -11,7 +11,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm
 import pytest
-from gateway_testkit import (
+from testkit.gateway import (
     BASH_TOOL,
     KEY,
     assert_chains_exact,

@@ -9,7 +9,7 @@ import json
 import aiohttp
 import openai
 import pytest
-from gateway_testkit import BASH_TOOL, KEY, assert_chains_exact, async_client, gateway_env
+from testkit.gateway import BASH_TOOL, KEY, assert_chains_exact, async_client, gateway_env
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind

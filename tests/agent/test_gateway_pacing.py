@@ -8,8 +8,8 @@ import asyncio
 import collections
 import threading
 
-from agent_testkit import LoopIterations
-from gateway_testkit import BASH_TOOL, KEY, async_client, gateway_env
+from testkit.agent import LoopIterations
+from testkit.gateway import BASH_TOOL, KEY, async_client, gateway_env
 
 from swerl.agent.gateway.service import local_gateway
 from swerl.agent.gateway.session import GATEWAY_TURNS

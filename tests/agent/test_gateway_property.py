@@ -13,9 +13,9 @@ import os
 
 import anthropic
 import openai
-from gateway_testkit import ANTHROPIC_BASH_TOOL, BASH_TOOL, gateway_env, tool_turn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testkit.gateway import ANTHROPIC_BASH_TOOL, BASH_TOOL, gateway_env, tool_turn
 
 from swerl.agent.gateway.tree import CallKind
 

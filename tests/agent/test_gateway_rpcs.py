@@ -9,8 +9,9 @@ import json
 import grpc
 import openai
 import pytest
-from gateway_testkit import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 from google.protobuf import struct_pb2
+from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
+from testkit.grpcurl import Grpcurl, json_messages
 
 from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.server import AgentServer
@@ -18,10 +19,8 @@ from swerl.agent.settings import GATEWAY_CPU_THREADS, AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
-from tests.exec.test_grpcurl import Grpcurl, grpcurl_bin, json_messages
 
 TOKEN = "gateway-rpc-token"
-__all__ = ["grpcurl_bin"]  # the fixture, imported for this module's grpcurl test
 
 
 class NoSandboxes:

@@ -12,7 +12,7 @@ import json
 import grpc
 import openai
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     assert_no_active_lease,
     bundled_tasks,

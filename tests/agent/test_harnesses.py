@@ -10,7 +10,7 @@ import json
 
 import grpc
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     assert_no_active_lease,
     bundled_tasks,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from agent_testkit import TOKENIZER_DIR
+from testkit.agent import TOKENIZER_DIR
 
 from swerl.agent.config import load_config
 from swerl.agent.modes import TokenMode

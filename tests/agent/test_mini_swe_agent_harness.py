@@ -19,7 +19,7 @@ from typing import Any
 from urllib.request import urlopen
 
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     agent_stack,
     assert_no_active_lease,
     bundled_tasks,

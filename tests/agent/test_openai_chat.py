@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from agent_testkit import (
+from aiohttp import web
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     result_of,
@@ -13,7 +14,6 @@ from agent_testkit import (
     sandboxes_left,
     start_for,
 )
-from aiohttp import web
 
 from swerl.agent.replay import gold_script
 from swerl.agent.v1 import agent_pb2 as pb

@@ -8,7 +8,7 @@ prompt + output shared with the new prompt."""
 from __future__ import annotations
 
 import aiohttp
-from agent_testkit import TOKENIZER_DIR
+from testkit.agent import TOKENIZER_DIR
 
 from swerl.agent.config import load_config
 from swerl.agent.modes import TokenMode

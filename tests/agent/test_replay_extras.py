@@ -10,7 +10,8 @@ import json
 from array import array
 
 import pytest
-from agent_testkit import (
+from google.protobuf.struct_pb2 import Struct
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,
@@ -19,7 +20,6 @@ from agent_testkit import (
     sandboxes_left,
     start_for,
 )
-from google.protobuf.struct_pb2 import Struct
 
 from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
 from swerl.agent.replay import (
@@ -88,6 +88,7 @@ def test_the_request_asks_for_routed_experts_only_when_told() -> None:
     assert json.loads(asked._body([1, 2], 8))["return_routed_experts"] is True
 
 
+@pytest.mark.usefixtures("base_image")
 async def test_every_policy_call_of_an_episode_carries_its_own_routing_key() -> None:
     tasks = bundled_tasks()[:2]
     replay = ReplayPolicyServer(scripts_for_tasks(tasks, "gold"))
@@ -134,6 +135,7 @@ def check_replay_extras(record: pb.TokenRecord) -> None:
     assert list(experts) == [e for t in sequence for e in replay_experts(t)]
 
 
+@pytest.mark.usefixtures("base_image")
 async def test_top_p_sets_and_routed_experts_reach_every_record() -> None:
     task = bundled_tasks()[0]
     replay = ReplayPolicyServer(scripts_for_tasks([task], "gold"))
@@ -161,6 +163,7 @@ async def test_top_p_sets_and_routed_experts_reach_every_record() -> None:
     assert sandboxes_left() == []
 
 
+@pytest.mark.usefixtures("base_image")
 async def test_records_carry_no_replay_extras_unless_asked() -> None:
     task = bundled_tasks()[0]
     replay = ReplayPolicyServer(scripts_for_tasks([task], "gold"))

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 import pytest
-from agent_testkit import (
+from testkit.agent import (
     TOKENIZER_DIR,
     LoopIterations,
     agent_stack,

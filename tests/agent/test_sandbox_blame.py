@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
-from pathlib import Path
 
-from agent_testkit import bundled_tasks, check_record, result_of, start_for
+from testkit import slime_standin  # the framework stand-in of the plugin's own tests
+from testkit.agent import bundled_tasks, check_record, result_of, start_for
 
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.replay import ReplayPolicyServer, script_key
@@ -27,9 +26,6 @@ from swerl.chassis.client import make_channel
 from swerl.exec.client import ExecResult
 from swerl.trainer_plugin.convert import INFRA_ERROR, outcome_to_samples
 from swerl.trainer_plugin.episode import EpisodeOutcome
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "trainer_plugin"))
-import slime_standin  # the framework stand-in of the plugin's own tests
 
 NOT_RUNNING = (
     "the sandbox's container stopped and could not be started again (exec: sleep: not found);"

@@ -6,11 +6,9 @@ with reward -1, which the trainer plugin trains on, not INFRA_ERROR."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from agent_testkit import (
+from testkit import slime_standin  # the framework stand-in of the plugin's own tests
+from testkit.agent import (
     agent_stack,
     bundled_tasks,
     check_record,
@@ -24,9 +22,6 @@ from swerl.agent.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.trainer_plugin.convert import INFRA_ERROR, outcome_to_samples
 from swerl.trainer_plugin.episode import EpisodeOutcome
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "trainer_plugin"))
-import slime_standin  # the framework stand-in of the plugin's own tests
 
 pytestmark = pytest.mark.usefixtures("base_image")
 COMMAND_TIMEOUT_S = 20.0

@@ -9,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from agent_testkit import TOKENIZER_DIR, bundled_tasks, result_of, start_for
+from testkit.agent import TOKENIZER_DIR, bundled_tasks, result_of, start_for
 
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from agent_testkit import agent_stack, bundled_tasks, check_record, result_of, run_to_result
-from agent_testkit import start_for as bash_start_for
+from testkit.agent import agent_stack, bundled_tasks, check_record, result_of, run_to_result
+from testkit.agent import start_for as bash_start_for
 
 from swerl.agent.replay import (
     ReplayPolicyServer,

@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from chassis_testkit import SANDBOX_SERVICE, TOKEN, ChassisTestServicer, ChassisTestSettings
+from testkit.chassis import (
+    SANDBOX_SERVICE,
+    TOKEN,
+    ChassisTestServicer,
+    ChassisTestSettings,
+    ServerFactory,
+    TlsFiles,
+)
 
 from swerl.chassis.client import make_channel
 from swerl.chassis.server import GrpcServer
 from swerl.exec.v1 import sandbox_pb2_grpc
-
-ServerFactory = Callable[..., Awaitable[GrpcServer]]
 
 
 @pytest.fixture
@@ -63,14 +67,6 @@ async def channel(server: GrpcServer) -> AsyncIterator[grpc.aio.Channel]:
 @pytest.fixture
 def stub(channel: grpc.aio.Channel) -> sandbox_pb2_grpc.SandboxServiceStub:
     return sandbox_pb2_grpc.SandboxServiceStub(channel)
-
-
-@dataclass(frozen=True)
-class TlsFiles:
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from chassis_testkit import SANDBOX_SERVICE, ChassisTestServicer, ChassisTestSettings
+from testkit.chassis import SANDBOX_SERVICE, ChassisTestServicer, ChassisTestSettings
 
 from swerl.chassis.logging import configure_logging
 from swerl.chassis.server import GrpcServer

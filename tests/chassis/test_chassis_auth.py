@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from chassis_testkit import TOKEN, ChassisTestSettings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pydantic import ValidationError
+from testkit.chassis import TOKEN, ChassisTestSettings
 
 from swerl.chassis.client import error_info, make_channel
 from swerl.exec.v1 import sandbox_pb2, sandbox_pb2_grpc

@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 import pytest
-from chassis_testkit import LEAKED_SECRET, TOKEN, ChassisTestServicer
 from google.protobuf import duration_pb2
 from structlog.testing import capture_logs
+from testkit.chassis import LEAKED_SECRET, TOKEN, ChassisTestServicer
 
 from swerl.chassis.client import error_info, make_channel, trailing_request_id
 from swerl.chassis.errors import ERROR_DOMAIN

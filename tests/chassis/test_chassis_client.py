@@ -6,7 +6,7 @@ import socket
 
 import grpc
 import pytest
-from chassis_testkit import TOKEN, ChassisTestServicer
+from testkit.chassis import TOKEN, ChassisTestServicer
 
 from swerl.chassis.client import error_info, make_channel
 from swerl.chassis.interceptors import bound_request_id

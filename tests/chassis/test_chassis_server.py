@@ -7,10 +7,10 @@ import urllib.request
 
 import grpc
 import pytest
-from chassis_testkit import SANDBOX_SERVICE, TOKEN, ChassisTestServicer
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from testkit.chassis import SANDBOX_SERVICE, TOKEN, ChassisTestServicer
 
 from swerl.chassis.client import make_channel
 from swerl.chassis.server import GrpcServer

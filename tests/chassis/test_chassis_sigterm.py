@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 SERVER_SCRIPT = Path(__file__).with_name("sigterm_server.py")
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+def _server_env() -> dict[str, str]:
+    """The script imports testkit.chassis: tests/ goes on its path as pytest put it on ours."""
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 async def _line(stream: asyncio.StreamReader) -> str:
@@ -27,6 +35,7 @@ async def test_sigterm_turns_health_not_serving_drains_the_in_flight_call_and_ex
         str(SERVER_SCRIPT),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=_server_env(),
     )
     assert process.stdout is not None and process.stderr is not None
     try:

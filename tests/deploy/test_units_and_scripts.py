@@ -183,6 +183,7 @@ def _compose() -> list[str]:
     return ["docker", "compose", "-f", str(DEPLOY / "compose.yaml")]
 
 
+@pytest.mark.docker  # the docker CLI's compose plugin
 def test_compose_file_validates_with_docker_compose_config():
     result = subprocess.run(
         [*_compose(), "config", "--format", "json"], capture_output=True, text=True, timeout=60
@@ -201,6 +202,7 @@ def test_compose_file_validates_with_docker_compose_config():
         assert all(p["host_ip"] == "127.0.0.1" for p in service.get("ports", []))
 
 
+@pytest.mark.docker  # the docker CLI's compose plugin
 def test_compose_config_rejects_a_broken_file(tmp_path):
     broken = tmp_path / "compose.yaml"
     broken.write_text((DEPLOY / "compose.yaml").read_text().replace("services:", "servicez:"))

@@ -11,8 +11,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Face
 from e2b import AsyncSandbox, CommandExitException, Sandbox
+from testkit.e2b import Face
 
 from swerl.e2b.scripts import DONE_FIFO, RECORD_DIR
 

@@ -4,7 +4,6 @@ raises against the hosted service."""
 from __future__ import annotations
 
 import pytest
-from conftest import Face
 from e2b import Sandbox
 from e2b.exceptions import (
     AuthenticationException,
@@ -13,6 +12,7 @@ from e2b.exceptions import (
     SandboxNotRunningException,
     TimeoutException,
 )
+from testkit.e2b import Face
 
 pytestmark = pytest.mark.docker
 

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import Face, running_face
 from e2b import CommandExitException, Sandbox
+from testkit.e2b import Face, running_face
 
 from swerl.e2b import files
 

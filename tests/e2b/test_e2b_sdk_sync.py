@@ -8,9 +8,9 @@ import os
 import time
 
 import pytest
-from conftest import IMAGE_KEY, Face
 from e2b import CommandExitException, Sandbox, SandboxQuery
 from e2b.exceptions import NotFoundException
+from testkit.e2b import IMAGE_KEY, Face
 
 pytestmark = pytest.mark.docker
 

@@ -4,24 +4,15 @@ an in-process exec node on port 0 over the real dockerd with an EvaluateService 
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
-import docker
 import pytest
-from evaluate_testkit import BUNDLED_TASKS, NETWORK_TASKS, TOKEN, EvalNode
+from testkit.evaluate import BUNDLED_TASKS, NETWORK_TASKS, TOKEN, EvalNode, sweep_containers_of
 
 from swerl.exec.server import ExecNode
 from swerl.exec.settings import ExecSettings
 from swerl.tasks import build_images
-
-# exec_testkit (status assertions shared with the exec node's tests) lives in tests/exec, which
-# is not on sys.path when only this directory is collected.
-_EXEC_TESTS = str(Path(__file__).resolve().parents[1] / "exec")
-if _EXEC_TESTS not in sys.path:
-    sys.path.append(_EXEC_TESTS)
 
 
 @pytest.fixture(scope="session")
@@ -37,18 +28,6 @@ def network_task_images(base_image) -> dict[str, str]:
     tasks = list(NETWORK_TASKS.values())
     build_images(tasks, base_image=base_image, progress=lambda _line: None)
     return {task.instance_id: task.image_name for task in tasks}
-
-
-def _containers_of(node_id: str) -> list[str]:
-    client = docker.from_env()
-    try:
-        found = client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
-        names = [container.name for container in found]
-        for container in found:
-            container.remove(force=True)
-        return names
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -74,14 +53,14 @@ async def eval_node(tmp_path, task_images) -> AsyncIterator[EvalNode]:
     finally:
         await running.channel.close()
         await node.stop(0)
-        leftover = await asyncio.to_thread(_containers_of, settings.node_id)
+        leftover = await asyncio.to_thread(sweep_containers_of, settings.node_id)
     assert not leftover, f"sandbox containers leaked: {leftover}"
 
 
 @pytest.fixture(scope="session")
 def official_task(base_image, tmp_path_factory):
-    """The classic-row task in the official layout (official_testkit), its image built once."""
-    from official_testkit import write_official_task
+    """The classic-row task in the official layout (testkit.official), its image built once."""
+    from testkit.official import write_official_task
 
     task = write_official_task(tmp_path_factory.mktemp("official"))
     build_images([task], base_image=base_image, rebuild=True, progress=lambda _line: None)

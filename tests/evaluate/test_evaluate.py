@@ -9,14 +9,14 @@ import uuid
 
 import grpc
 import pytest
-from evaluate_testkit import (
+from testkit.evaluate import (
     TASK_IDS,
     TASKS,
     evaluate,
     evaluate_failure,
     task_instance,
 )
-from exec_testkit import assert_status
+from testkit.exec import assert_status
 
 from swerl.exec.client import SandboxClient
 from swerl.exec.v1 import sandbox_pb2

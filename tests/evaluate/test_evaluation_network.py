@@ -19,7 +19,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
-from evaluate_testkit import (
+from testkit.evaluate import (
     NETWORK_TASKS,
     NETWORK_TASKS_DIR,
     TASKS,
@@ -28,7 +28,7 @@ from evaluate_testkit import (
     evaluate,
     task_instance,
 )
-from exec_testkit import assert_status
+from testkit.exec import assert_status
 
 from swerl.cli import main
 from swerl.exec.evaluate import log_warnings

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from evaluate_testkit import TASK_IDS, TASKS, evaluate
 from swebench.harness.grading import get_eval_report, get_resolution_status
 from swebench.harness.test_spec.test_spec import make_test_spec
+from testkit.evaluate import TASK_IDS, TASKS, evaluate
 
 from swerl.exec.evaluate import Report, build_eval_spec, grade
 

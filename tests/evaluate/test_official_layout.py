@@ -1,4 +1,4 @@
-"""Classic SWE-bench rows on an image in the official layout (official_testkit), end to end.
+"""Classic SWE-bench rows on an image in the official layout (testkit.official), end to end.
 
 The row has no eval_script, so Evaluate runs swebench's own eval.sh: it activates the `testbed`
 environment through the conda shim, tries `pip install -e .` (there is no pip offline, as there
@@ -15,8 +15,8 @@ import uuid
 
 import docker
 import pytest
-from evaluate_testkit import evaluate
-from official_testkit import write_official_task
+from testkit.evaluate import evaluate
+from testkit.official import write_official_task
 
 from swerl.cli import main
 from swerl.exec.client import SandboxClient

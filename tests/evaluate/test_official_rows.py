@@ -1,6 +1,6 @@
 """`swerl validate ROWS` and `swerl tasks build ROWS` on SWE-bench rows as published, end to end.
 
-The rows file holds the official-layout fixture's classic row (official_testkit: no eval_script,
+The rows file holds the official-layout fixture's classic row (testkit.official: no eval_script,
 test lists as JSON text, no image_name), so its image is the one SWE-bench's naming rule gives,
 which the test set-up built offline in the official layout. No Dockerfile is involved: a row's
 image is used as published, never built.
@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from evaluate_testkit import TASKS
-from official_testkit import SOURCE_TASK, classic_row
+from testkit.evaluate import TASKS
+from testkit.official import SOURCE_TASK, classic_row
 
 from swerl.cli import main
 from swerl.data.naming import derived_image_name

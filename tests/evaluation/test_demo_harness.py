@@ -6,18 +6,15 @@ episode's session tree; a wrong fix must not pass as resolved."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from testkit.agent import agent_stack, bundled_tasks, sandboxes_left
+from testkit.gateway import TOKENIZER
 
 from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.demo import HARNESS, harness_tour
 from swerl.web.runs import Run
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "agent"))
-from agent_testkit import agent_stack, bundled_tasks, sandboxes_left
-from gateway_testkit import TOKENIZER
 
 pytestmark = pytest.mark.usefixtures("base_image")
 

@@ -5,20 +5,17 @@ CloseSession returns the exact ids /generate saw. A remote agent (--agent) is le
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import openai
 from google.protobuf import struct_pb2
+from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 
 from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.evaluation import cli
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "agent"))
-from gateway_testkit import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from exec_testkit import RPC_TIMEOUT_S, ExecStream, assert_status, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, ExecStream, assert_status, rpc_error
 
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb

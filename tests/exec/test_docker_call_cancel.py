@@ -9,9 +9,12 @@ import asyncio
 import gc
 import threading
 
+import pytest
+
 from swerl.exec.docker_backend import DockerBackend
 
 
+@pytest.mark.docker  # a real DockerBackend: its client connects to dockerd
 async def test_a_cancelled_docker_call_that_fails_later_logs_nothing() -> None:
     backend = DockerBackend.from_env(threads=2)
     release = threading.Event()

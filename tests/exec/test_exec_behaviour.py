@@ -7,7 +7,7 @@ import hashlib
 
 import grpc
 import pytest
-from exec_testkit import ExecStream, assert_status, rpc_error
+from testkit.exec import ExecStream, assert_status, rpc_error
 
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb

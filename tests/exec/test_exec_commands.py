@@ -9,7 +9,7 @@ import shlex
 import time
 
 import grpc
-from exec_testkit import RPC_TIMEOUT_S, assert_status, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, assert_status, rpc_error
 
 from swerl.chassis import capability
 from swerl.exec.client import exec_start

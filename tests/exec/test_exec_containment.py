@@ -7,8 +7,8 @@ import threading
 import time
 
 import psutil
-from exec_testkit import RPC_TIMEOUT_S, ExecStream, surviving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from testkit.exec import RPC_TIMEOUT_S, ExecStream, surviving
 
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb

@@ -10,7 +10,7 @@ import uuid
 import docker
 import grpc
 import pytest
-from exec_testkit import RPC_TIMEOUT_S, ExecStream, assert_status, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, ExecStream, assert_status, rpc_error
 
 from swerl.chassis import capability
 from swerl.exec.client import duration, exec_start

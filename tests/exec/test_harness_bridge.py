@@ -10,7 +10,7 @@ import os
 import grpc
 import pytest
 from aiohttp import web
-from exec_testkit import RPC_TIMEOUT_S, assert_status, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, assert_status, rpc_error
 
 from swerl.exec.bundles import BUNDLE_MOUNT, HARNESS_PACKAGES
 from swerl.exec.v1 import sandbox_pb2 as pb

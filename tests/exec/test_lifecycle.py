@@ -7,7 +7,7 @@ import time
 import uuid
 
 import grpc
-from exec_testkit import (
+from testkit.exec import (
     RPC_TIMEOUT_S,
     assert_status,
     container_exists,

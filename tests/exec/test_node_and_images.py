@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from exec_testkit import RPC_TIMEOUT_S
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from testkit.exec import RPC_TIMEOUT_S
 
 import swerl
 from swerl.exec.v1 import sandbox_pb2 as pb

@@ -1,6 +1,6 @@
 """The exec node tells its callers of a dockerd fault within seconds, with its cause.
 
-These tests hang a dockerd of their own (tests/dockerd_kit.py): never the shared one.
+These tests hang a dockerd of their own (tests/testkit/dockerd.py): never the shared one.
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import RunningNode, node_settings, start_node
-from dockerd_kit import Dockerd, start_dockerd
-from exec_testkit import ExecStream, assert_status, rpc_error
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from testkit.dockerd import Dockerd, start_dockerd
+from testkit.exec import (
+    ExecStream,
+    RunningNode,
+    assert_status,
+    node_settings,
+    rpc_error,
+    start_node,
+)
 
 from swerl.chassis.client import error_info
 from swerl.exec.client import exec_start

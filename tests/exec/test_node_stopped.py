@@ -14,7 +14,7 @@ import uuid
 
 import docker
 import grpc
-from exec_testkit import RPC_TIMEOUT_S, ExecStream, NodeProcess, remove_containers_of, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, ExecStream, NodeProcess, remove_containers_of, rpc_error
 
 from swerl.exec.client import NODE_CHANNEL_OPTIONS, exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb

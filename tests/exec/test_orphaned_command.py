@@ -11,7 +11,7 @@ import uuid
 
 import docker
 import pytest
-from exec_testkit import RPC_TIMEOUT_S, NodeProcess, remove_containers_of
+from testkit.exec import RPC_TIMEOUT_S, NodeProcess, remove_containers_of
 
 from swerl.exec.v1 import sandbox_pb2 as pb
 

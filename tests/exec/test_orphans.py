@@ -12,7 +12,7 @@ import time
 import uuid
 
 import docker
-from exec_testkit import container_exists
+from testkit.exec import container_exists
 
 
 def _create_unstarted(image: str, node_id: str, sandbox_id: str, created: float) -> None:

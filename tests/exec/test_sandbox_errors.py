@@ -7,14 +7,14 @@ import uuid
 
 import grpc
 import pytest
-from exec_testkit import (
+from google.protobuf.duration_pb2 import Duration
+from testkit.exec import (
     RPC_TIMEOUT_S,
     ExecStream,
     assert_status,
     node_container_names,
     rpc_error,
 )
-from google.protobuf.duration_pb2 import Duration
 
 from swerl.chassis.client import make_channel
 from swerl.exec.client import SandboxClient, duration, exec_start

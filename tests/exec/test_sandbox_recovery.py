@@ -12,7 +12,7 @@ import time
 import docker
 import grpc
 import pytest
-from exec_testkit import RPC_TIMEOUT_S, assert_status, rpc_error
+from testkit.exec import RPC_TIMEOUT_S, assert_status, rpc_error
 
 from swerl.chassis import capability
 from swerl.exec.client import ExecResult

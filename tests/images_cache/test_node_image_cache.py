@@ -1,5 +1,5 @@
 """The exec node's image cache against real parts: a loopback registry holding the bundled task
-images and a second dockerd with its own image store (tests/dockerd_kit.py)."""
+images and a second dockerd with its own image store (tests/testkit/dockerd.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import urllib.request
 
 import grpc
 import pytest
-from dockerd_kit import pull_events, start_registry
-from exec_testkit import assert_status, rpc_error
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from testkit.dockerd import pull_events, start_registry
+from testkit.exec import assert_status, rpc_error
 
 from swerl.chassis.settings import add_settings_arguments, settings_from_args
 from swerl.exec import images as images_module

@@ -10,7 +10,7 @@ import time
 
 import docker
 import pytest
-from dockerd_kit import pull_events
+from testkit.dockerd import pull_events
 
 from swerl.chassis.timeconv import duration_pb
 from swerl.pool.client import PoolClient

@@ -2,37 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 
-import docker
 import pytest
+from testkit.pool import assert_no_sandboxes_left
 
 from swerl.pool.client import PoolClient
 from swerl.stack import LocalStack, local_stack
-
-
-def swerl_containers(node_ids: list[str]) -> list[str]:
-    client = docker.from_env()
-    try:
-        names: list[str] = []
-        for node_id in node_ids:
-            found = client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
-            names += [c.name for c in found]
-        return names
-    finally:
-        client.close()
-
-
-async def assert_no_sandboxes_left(node_ids: list[str], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = await asyncio.to_thread(swerl_containers, node_ids)
-        if not left:
-            return
-        assert time.monotonic() < deadline, f"sandboxes left behind: {left}"
-        await asyncio.sleep(0.2)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 
 import grpc
 import pytest
-from pool_cluster import Cluster
+from testkit.pool import Cluster
 
 from swerl.chassis.client import error_info
 from swerl.pool.client import PoolClient

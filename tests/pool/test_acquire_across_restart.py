@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 import pytest
-from pool_cluster import Cluster
+from testkit.pool import Cluster
 
 from swerl.pool.client import PoolClient
 

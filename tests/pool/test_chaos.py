@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pool_cluster import Cluster
+from testkit.pool import Cluster
 
 from swerl.pool.client import PoolClient
 from swerl.pool.settings import PoolSettings

@@ -1,5 +1,6 @@
 """benchmarks/images_bench.py runs end to end on a small dataset and judges its targets from the
-figures it measured (the README's and docs/operations.md's figures come from its full run)."""
+figures it measured (the figures in benchmarks/RESULTS.md and docs/operations.md come from its
+full run)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """On-demand pulls over real gRPC: a pool and an exec node in process over the shared dockerd,
-pulling from a real loopback registry (Debian's docker-registry, from tests/dockerd_kit.py) that
+pulling from a real loopback registry (Debian's docker-registry, from tests/testkit/dockerd.py) that
 tests stop and start."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from dockerd_kit import push_images, remove_names, start_registry
+from testkit.dockerd import push_images, remove_names, start_registry
 
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prm_testkit import RunningPrm, build_judge_tokenizer, prm_settings, start_prm, stop_prm
+from testkit.prm import RunningPrm, build_judge_tokenizer, prm_settings, start_prm, stop_prm
 
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.prm.scripted import ScriptedJudge

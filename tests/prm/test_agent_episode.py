@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from prm_testkit import TOKEN
+from testkit.prm import TOKEN
 
 from swerl.agent.config import SUBMIT_SENTINEL
 from swerl.agent.prm_judge import PrmJudgeFactory

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prm_testkit import ISSUE, TOKEN
+from testkit.prm import ISSUE, TOKEN
 
 from swerl.agent.episode import PrmSpec
 from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge

@@ -9,8 +9,8 @@ import signal
 import sys
 
 import pytest
-from prm_testkit import make_step
 from pydantic import ValidationError
+from testkit.prm import make_step
 
 from swerl.chassis.client import make_channel
 from swerl.prm.client import PrmClient

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from prm_testkit import make_step
+from testkit.prm import make_step
 
 from swerl.chassis.client import make_channel
 from swerl.prm.client import PrmClient

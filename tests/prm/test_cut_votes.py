@@ -6,7 +6,7 @@ completions with `finish_reason`), through the real PRM gRPC service."""
 from __future__ import annotations
 
 import pytest
-from prm_testkit import make_step
+from testkit.prm import make_step
 
 from swerl.prm.client import judge_request
 from swerl.prm.scripted import verdict

@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from prm_testkit import ISSUE, JUDGE_TEMPLATE_MARK, make_step, rpc_failure
+from testkit.prm import ISSUE, JUDGE_TEMPLATE_MARK, make_step, rpc_failure
 
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import load_tokenizer

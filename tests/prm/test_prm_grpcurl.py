@@ -9,34 +9,38 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import shutil
 import subprocess
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2
-from prm_testkit import ISSUE, TOKEN, json_messages
+from testkit.grpcurl import json_messages
+from testkit.prm import ISSUE, TOKEN
 
 from swerl.prm.scripted import verdict
 
-GRPCURL = shutil.which("grpcurl") or "/usr/local/bin/grpcurl"
 
+@pytest.fixture
+def grpcurl(grpcurl_bin):
+    """Runs grpcurl (the `grpcurl_bin` fixture's) against a PRM service with its token."""
 
-async def grpcurl(
-    address: str, *command: str, data: dict | None = None, flags=()
-) -> subprocess.CompletedProcess[str]:
-    argv = [GRPCURL, "-plaintext", "-H", f"authorization: Bearer {TOKEN}", *flags]
-    if data is not None:
-        argv += ["-d", "@"]
-    argv += [address, *command]
-    return await asyncio.to_thread(
-        subprocess.run,
-        argv,
-        input=json.dumps(data) if data is not None else None,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    async def run(
+        address: str, *command: str, data: dict | None = None, flags=()
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [grpcurl_bin, "-plaintext", "-H", f"authorization: Bearer {TOKEN}", *flags]
+        if data is not None:
+            argv += ["-d", "@"]
+        argv += [address, *command]
+        return await asyncio.to_thread(
+            subprocess.run,
+            argv,
+            input=json.dumps(data) if data is not None else None,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
 
 
 JUDGE_STEP = {
@@ -64,7 +68,7 @@ async def served(scripted, prm):
     return await prm(judge.url)
 
 
-async def test_reflection_lists_and_describes_the_prm_service(served):
+async def test_reflection_lists_and_describes_the_prm_service(served, grpcurl):
     listed = await grpcurl(served.address, "list")
     described = await grpcurl(served.address, "describe", "swerl.prm.v1.PrmService")
 
@@ -73,7 +77,7 @@ async def test_reflection_lists_and_describes_the_prm_service(served):
     assert "rpc JudgeStep ( .swerl.prm.v1.JudgeStepRequest )" in described.stdout
 
 
-async def test_grpcurl_calls_judge_step_and_gets_votes_and_a_score(served):
+async def test_grpcurl_calls_judge_step_and_gets_votes_and_a_score(served, grpcurl):
     done = await grpcurl(served.address, "swerl.prm.v1.PrmService/JudgeStep", data=JUDGE_STEP)
 
     assert done.returncode == 0, done.stderr
@@ -85,7 +89,7 @@ async def test_grpcurl_calls_judge_step_and_gets_votes_and_a_score(served):
     assert len({vote["seed"] for vote in response["votes"]}) == 3
 
 
-async def test_grpcurl_sees_a_bad_request_as_invalid_argument_with_its_reason(served):
+async def test_grpcurl_sees_a_bad_request_as_invalid_argument_with_its_reason(served, grpcurl):
     done = await grpcurl(
         served.address,
         "swerl.prm.v1.PrmService/JudgeStep",

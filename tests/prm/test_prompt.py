@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prm_testkit import make_step
+from testkit.prm import make_step
 
 from swerl.prm.prompt import HistoryStep, PromptLimits, build_messages, cut_middle
 

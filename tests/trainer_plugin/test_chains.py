@@ -12,9 +12,9 @@ import random
 from typing import Any
 
 import pytest
-from conftest import make_args, make_sample
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from testkit.plugin import make_args, make_sample
 
 from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
 from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory

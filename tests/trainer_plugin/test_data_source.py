@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import structlog
-from agent_playback import eventually
-from conftest import make_args
-from standin_common import load_function
-from standin_data_source import DATA_ARGS
+from testkit.playback import eventually
+from testkit.plugin import make_args
+from testkit.standin_common import load_function
+from testkit.standin_data_source import DATA_ARGS
 
 from swerl.exec.sweinstance import image_name_for
 from swerl.pool.server import PoolServer

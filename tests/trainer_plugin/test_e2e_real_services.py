@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from agent_playback import eventually
-from conftest import SAMPLING_PARAMS, make_args
+from testkit.playback import eventually
+from testkit.plugin import SAMPLING_PARAMS, make_args
 
 from swerl.agent.replay import (
     ReplayPolicyServer,

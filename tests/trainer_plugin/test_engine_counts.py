@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import standin_common
 import structlog
-from agent_playback import PlaybackAgent, PlaybackServer, Scenario, branch_result, result
-from conftest import make_args, make_sample
+from testkit import standin_common
+from testkit.playback import PlaybackAgent, PlaybackServer, Scenario, branch_result, result
+from testkit.plugin import make_args, make_sample
 
 from swerl.trainer_plugin import refusals
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import make_args
+from testkit.plugin import make_args
 
 from swerl.agent import budget
 from swerl.agent.config import load_config

@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 import pytest
-from conftest import make_args, make_sample
+from testkit.plugin import make_args, make_sample
 
 from swerl.trainer_plugin import branching
 

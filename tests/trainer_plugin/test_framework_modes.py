@@ -14,12 +14,10 @@ import math
 import re
 import sys
 
-import miles_standin
 import numpy as np
 import pytest
-import slime_standin
-import standin_common
-from agent_playback import (
+from testkit import miles_standin, slime_standin, standin_common
+from testkit.playback import (
     EXPERTS_PER_TOKEN,
     PlaybackAgent,
     PlaybackServer,
@@ -30,7 +28,7 @@ from agent_playback import (
     playback_top_p,
     result,
 )
-from conftest import accepted_estimators, make_args, make_sample
+from testkit.plugin import accepted_estimators, make_args, make_sample
 
 import swerl.trainer_plugin as plugin
 from swerl.trainer_plugin import framework

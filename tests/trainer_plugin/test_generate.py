@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from agent_playback import (
+from testkit.playback import (
     PROMPT,
     PlaybackAgent,
     PlaybackServer,
@@ -20,7 +20,7 @@ from agent_playback import (
     result,
     turns,
 )
-from conftest import SAMPLING_PARAMS, make_args, make_sample
+from testkit.plugin import SAMPLING_PARAMS, make_args, make_sample
 
 from swerl.agent import budget
 

@@ -161,16 +161,16 @@ def test_default_specs_bring_up_a_real_pool_and_agent_wired_together(tmp_path, m
 
 # The Ray-actor way under real Ray. Ray is not a swerl dependency (slime's image brings it), so
 # this runs where `ray` imports, optionally from SWERL_RAY_SITE (a `pip install --target` dir).
+# The driver imports head_services by name (deploy/slime on its PYTHONPATH), as Ray's workers must.
 RAY_DRIVER = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import head_services as hs
 import ray
-argv, port, logs, tmp = json.loads(sys.argv[2])
+argv, port, logs, tmp = json.loads(sys.argv[1])
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=tmp)
 actor, addresses = hs.start_actor([hs.ServiceSpec(name="exec", argv=argv, port=port)], logs, 60)
 print(json.dumps(ray.get(actor.pids.remote())), flush=True)
-if sys.argv[3] == "stop":
+if sys.argv[2] == "stop":
     sys.stdin.readline()  # the test says when, after it has seen the service alive
     print(json.dumps(ray.get(actor.stop.remote(20))), flush=True)
     ray.shutdown()
@@ -208,8 +208,10 @@ def test_ray_actor_owned_by_the_job_driver_takes_the_services_along(base_image, 
     # Ray's socket paths must stay short (AF_UNIX), so not under pytest's long tmp_path.
     ray_tmp = tempfile.mkdtemp(prefix="swerl-ray-", dir="/tmp")
     config = [spec.argv, spec.port, str(tmp_path / "logs"), ray_tmp]
+    slime_dir = str(ROOT / "deploy/slime")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (slime_dir, env.get("PYTHONPATH", "")) if p)
     driver = subprocess.Popen(
-        [sys.executable, "-c", RAY_DRIVER, str(ROOT / "deploy/slime"), json.dumps(config), ending],
+        [sys.executable, "-c", RAY_DRIVER, json.dumps(config), ending],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

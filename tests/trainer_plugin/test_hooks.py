@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import accepted_estimators, make_args, make_sample
+from testkit.plugin import accepted_estimators, make_args, make_sample
 
 import swerl.trainer_plugin as plugin
 from swerl.trainer_plugin import metrics
@@ -125,7 +125,7 @@ def test_filter_flattens_per_turn_lists_and_drops_aborted_episodes(fw):
 
 
 def test_filter_works_without_slime_installed():
-    from slime_standin import Sample
+    from testkit.slime_standin import Sample
 
     sample = Sample(reward=1.0, status=Sample.Status.COMPLETED, metadata={"infra_error": True})
     out = plugin.filter_infra_failures(None, [sample])

@@ -12,7 +12,8 @@ from collections import Counter
 
 import grpc
 import pytest
-from agent_playback import (
+from google.protobuf import json_format
+from testkit.playback import (
     PLAYBACK_NODE,
     PlaybackAgent,
     PlaybackServer,
@@ -22,8 +23,7 @@ from agent_playback import (
     eventually,
     result,
 )
-from conftest import SAMPLING_PARAMS, make_args, make_sample
-from google.protobuf import json_format
+from testkit.plugin import SAMPLING_PARAMS, make_args, make_sample
 
 from swerl.trainer_plugin import filter_infra_failures
 from swerl.trainer_plugin.metrics import agent_metrics, flatten

@@ -6,8 +6,8 @@ has no LoRA flags. Without it every miles LoRA episode was sampled from the base
 from __future__ import annotations
 
 import pytest
-from agent_playback import PlaybackAgent, PlaybackServer, Scenario, result
-from conftest import make_args, make_sample
+from testkit.playback import PlaybackAgent, PlaybackServer, Scenario, result
+from testkit.plugin import make_args, make_sample
 
 pytestmark = pytest.mark.usefixtures("fw")
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 
 import pytest
-from agent_playback import (
+from testkit.playback import (
     PROMPT,
     PlaybackAgent,
     PlaybackServer,
@@ -21,7 +21,7 @@ from agent_playback import (
     eventually,
     result,
 )
-from conftest import SAMPLING_PARAMS, make_args, make_sample
+from testkit.plugin import SAMPLING_PARAMS, make_args, make_sample
 
 from swerl.trainer_plugin import filter_infra_failures, post_process_rewards
 from swerl.trainer_plugin.metrics import flatten

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from agent_playback import PlaybackAgent, PlaybackServer, Scenario, asks_top_p, result
-from conftest import FRAMEWORK, make_args, make_sample
+from testkit.playback import PlaybackAgent, PlaybackServer, Scenario, asks_top_p, result
+from testkit.plugin import FRAMEWORK, make_args, make_sample
 
 from swerl.agent.v1 import agent_pb2
 from swerl.trainer_plugin.hooks import PluginConfigError

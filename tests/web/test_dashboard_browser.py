@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from web_testkit import (
+from testkit.web import (
     TOKENIZER_DIR,
     console_errors,
     run_episode,

@@ -11,7 +11,7 @@ from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
 import pytest
-from web_testkit import Served
+from testkit.web import Served
 
 
 def _closed_port() -> int:

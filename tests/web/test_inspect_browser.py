@@ -17,7 +17,7 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
-from web_testkit import Served, console_errors, save_screenshot
+from testkit.web import Served, console_errors, save_screenshot
 
 pytestmark = pytest.mark.docker
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.request import urlopen
 
 import pytest
-from web_testkit import Served
+from testkit.web import Served
 
 
 def _episode(run: Path, key: str, report: dict) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import grpc
@@ -14,6 +13,8 @@ import openai
 import pytest
 from google.protobuf import struct_pb2
 from selenium.webdriver.common.by import By
+from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
+from testkit.web import Served, console_errors, save_screenshot
 
 from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.server import AgentServer
@@ -21,10 +22,6 @@ from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "agent"))
-from gateway_testkit import BASH_TOOL, KEY, SCRIPT, TOKENIZER
-from web_testkit import Served, console_errors, save_screenshot
 
 TOKEN = "inspect-session-token"
 

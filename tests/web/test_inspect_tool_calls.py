@@ -9,7 +9,7 @@ import json
 from urllib.request import urlopen
 
 import pytest
-from web_testkit import Served
+from testkit.web import Served
 
 
 @pytest.fixture(scope="module")

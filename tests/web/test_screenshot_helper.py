@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from web_testkit import save_screenshot
+from testkit.web import save_screenshot
 
 
 class _Driver:

@@ -3,7 +3,6 @@ the running pieces (scripted judge model server, PRM service, client) wired toge
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,20 +128,6 @@ async def rpc_failure(call: Any) -> tuple[grpc.StatusCode, str | None]:
     except grpc.aio.AioRpcError as err:
         return err.code(), error_info(err)[0]
     raise AssertionError("the call succeeded")
-
-
-def json_messages(text: str) -> list[dict[str, Any]]:
-    """grpcurl's output: pretty JSON objects back to back."""
-    decoder = json.JSONDecoder()
-    out: list[dict[str, Any]] = []
-    pos = 0
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            return out
-        message, pos = decoder.raw_decode(text, pos)
-        out.append(message)
 
 
 __all__ = ["ScriptedJudge"]

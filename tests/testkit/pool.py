@@ -1,4 +1,5 @@
-"""Exec nodes and a pool as separate processes on loopback, for the acceptance and chaos tests.
+"""Exec nodes and a pool as separate processes on loopback, for the acceptance and chaos tests,
+and the check every pool test ends with: no sandbox container of its nodes left on dockerd.
 
 Ports are picked up front, so a killed process restarts on the same address (holders and the
 pool reconnect to it) with the same state dir (the node re-adopts its sandboxes, the pool re-reads
@@ -7,6 +8,7 @@ its node list).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -240,3 +242,25 @@ class Cluster:
         finally:
             client.close()
         return left
+
+
+def swerl_containers(node_ids: list[str]) -> list[str]:
+    client = docker.from_env()
+    try:
+        names: list[str] = []
+        for node_id in node_ids:
+            found = client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
+            names += [c.name for c in found]
+        return names
+    finally:
+        client.close()
+
+
+async def assert_no_sandboxes_left(node_ids: list[str], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = await asyncio.to_thread(swerl_containers, node_ids)
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"sandboxes left behind: {left}"
+        await asyncio.sleep(0.2)

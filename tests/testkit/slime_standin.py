@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import standin_common
-import standin_data_source
-from standin_common import LOGGED, declares_evaluation, flat_samples, load_function
+from testkit import standin_common, standin_data_source
+from testkit.standin_common import LOGGED, declares_evaluation, flat_samples, load_function
 
 NAME = "slime"
 GENERATE_HOOK = "swerl.trainer_plugin.generate"

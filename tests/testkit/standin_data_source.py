@@ -31,7 +31,7 @@ import random
 import types
 from typing import Any
 
-from standin_common import load_function
+from testkit.standin_common import load_function
 
 
 def build(package: str, sample_cls: type) -> dict[str, types.ModuleType]:

@@ -1,7 +1,6 @@
-"""Shared pieces of the exec node's integration tests: status checks, live Exec calls, Docker.
-
-A plain module (not conftest) so tests import its helpers by name.
-"""
+"""Shared pieces of the exec node's integration tests: status checks, live Exec calls, Docker,
+and an in-process node on port 0 with its client (`start_node(node_settings(tmp_path))`, what the
+`node_factory` fixture of tests/exec/conftest.py starts)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,48 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from swerl.chassis.client import error_info, make_channel
 from swerl.exec.client import ExecResult, SandboxClient
+from swerl.exec.server import ExecNode
+from swerl.exec.settings import ExecSettings
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc
 
 RPC_TIMEOUT_S = 60.0
+TOKEN = "test-token"
+
+
+def node_settings(tmp_path: Path, **overrides) -> ExecSettings:
+    values = dict(
+        host="127.0.0.1",
+        port=0,
+        auth_token=TOKEN,
+        node_id="test-" + uuid.uuid4().hex[:8],
+        state_dir=tmp_path / "state",
+        reap_interval_s=0.5,
+        default_memory_bytes=512 << 20,
+        default_pids=256,
+        drain_grace_s=1.0,
+    )
+    values.update(overrides)
+    return ExecSettings(**values)
+
+
+class RunningNode:
+    def __init__(self, node: ExecNode) -> None:
+        self.node = node
+        self.address = f"127.0.0.1:{node.port}"
+        self.channel = make_channel(self.address, token=TOKEN)
+        self.client = SandboxClient(self.channel)
+        self.stub = self.client.stub
+
+    async def create(self, image: str, **fields) -> pb.Sandbox:
+        request = pb.CreateSandboxRequest(image=image, **fields)
+        return (await self.stub.CreateSandbox(request, timeout=60)).sandbox
+
+
+async def start_node(settings: ExecSettings) -> RunningNode:
+    node = ExecNode(settings)
+    await node.start()
+    return RunningNode(node)
 
 
 async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:

@@ -15,9 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from evaluate_testkit import TASKS
-
 from swerl.tasks import TaskInstance, load_task
+from testkit.evaluate import TASKS
 
 SOURCE_TASK = "swerl-examples__romans-5"
 INSTANCE_ID = "swerl-official__romans-5"

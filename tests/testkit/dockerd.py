@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker
+from benchkit import create_bridge, delete_bridge
 
 REGISTRY_BINARY = "docker-registry"
 # A bcrypt hash of a password nobody is told: the registry accepts the file, no pull can log in.
@@ -192,19 +193,6 @@ class Dockerd:
             subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(self.root, ignore_errors=True)
         delete_bridge(self.bridge)
-
-
-def create_bridge() -> str:
-    """A new, empty Linux bridge for a private dockerd's default network (`--bridge NAME`); the
-    dockerd gives it an address of its choosing. Delete it with `delete_bridge`."""
-    name = "swb" + os.urandom(5).hex()  # interface names hold at most 15 characters
-    subprocess.run(["ip", "link", "add", name, "type", "bridge"], check=True)
-    subprocess.run(["ip", "link", "set", name, "up"], check=True)
-    return name
-
-
-def delete_bridge(name: str) -> None:
-    subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
 
 
 def _mounts_under(root: Path) -> list[str]:

@@ -6,7 +6,9 @@ A plain module (not conftest) so that tests and the SIGTERM server script can im
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -14,12 +16,26 @@ from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis import errors
 from swerl.chassis.interceptors import current_request_id
+from swerl.chassis.server import GrpcServer
 from swerl.chassis.settings import ServiceSettings
 from swerl.exec.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 TOKEN = "chassis-test-token"
 SANDBOX_SERVICE = sandbox_pb2.DESCRIPTOR.services_by_name["SandboxService"].full_name
 LEAKED_SECRET = "db password is hunter2"
+# What the `make_server` fixture yields: starts a server with settings overrides.
+ServerFactory = Callable[..., Awaitable[GrpcServer]]
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The `tls_files` fixture's certificates: a server one for 127.0.0.1/localhost and a
+    client one, each self-signed."""
+
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
 
 
 class ChassisTestSettings(ServiceSettings):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -22,9 +23,13 @@ from swerl.pool.v1 import pool_pb2
 from swerl.stack import LocalStack, local_stack
 from swerl.tasks import TaskInstance, default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb
-from tests.exec.exec_testkit import remove_containers_of
+from testkit.exec import remove_containers_of
 
 TOKENIZER_DIR = str(bundled_qwen3_tokenizer_dir())
+# The node ids of this test process's stacks begin with this: each pytest-xdist worker has its
+# own, so its no-sandbox-left checks and its sweep of an earlier run's sandboxes count only the
+# sandboxes of its own stacks, never those of a worker running beside it on the same dockerd.
+STACK_PURPOSE = f"agent-test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def bundled_tasks() -> list[TaskInstance]:
@@ -45,7 +50,7 @@ async def agent_stack(
 ) -> AsyncIterator[AgentStack]:
     # Tokenizing in threads keeps the tests' start-up short; the e2e gold test uses processes.
     agent_settings.setdefault("tokenizer_processes", 0)
-    async with local_stack(nodes=1, max_sandboxes=max_sandboxes, purpose="agent-test") as stack:
+    async with local_stack(nodes=1, max_sandboxes=max_sandboxes, purpose=STACK_PURPOSE) as stack:
         async with local_agent(
             stack.pool_address, stack.token, judge_factory=judge_factory, **agent_settings
         ) as agent:
@@ -168,13 +173,13 @@ def swerl_sandboxes() -> list[tuple[str, str]]:
     return [(row[0], row[1]) for row in map(str.split, out.splitlines()) if len(row) == 2]
 
 
-def sandboxes_left(node_id_prefix: str = "agent-test") -> list[str]:
+def sandboxes_left(node_id_prefix: str = STACK_PURPOSE + "-") -> list[str]:
     return [node for _, node in swerl_sandboxes() if node.startswith(node_id_prefix)]
 
 
 def node_of(env: AgentStack) -> str:
     """The id of the stack's one exec node (other runs on a shared dockerd use the same
-    "agent-test" prefix, so a test checks its own node only)."""
+    STACK_PURPOSE prefix, so a test checks its own node only)."""
     (node,) = env.stack.nodes
     return str(node.settings.node_id)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import docker
 import grpc
 
 from swerl.chassis.client import make_channel
@@ -145,3 +146,16 @@ class EvalNode:
         self.channel = make_channel(self.address, token=TOKEN)
         self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
         self.sandboxes = sandbox_pb2_grpc.SandboxServiceStub(self.channel)
+
+
+def sweep_containers_of(node_id: str) -> list[str]:
+    """Removes the node's sandbox containers left on dockerd and names them."""
+    client = docker.from_env()
+    try:
+        found = client.containers.list(all=True, filters={"label": f"swerl.node={node_id}"})
+        names = [container.name for container in found]
+        for container in found:
+            container.remove(force=True)
+        return names
+    finally:
+        client.close()
