@@ -1,14 +1,16 @@
 """The one client of an exec node: its SandboxService and EvaluateService, for every process that
 calls a node (the agent, the tools, the trainer's helpers, tests).
 
-    node = SandboxClient.for_lease(lease)          # a pool lease's node, its token attached
-    result = await node.run(lease.sandbox_id, "pytest -x", timeout_s=600)
-    patch = (await node.diff(lease.sandbox_id)).patch
+    async with pool.lease(image) as lease:                 # swerl.pool.client: the lease only
+        node = SandboxClient.for_lease(lease)              # the lease's node, its token attached
+        result = await node.run(lease.sandbox_id, "pytest -x", timeout_s=600)
+        patch = (await node.diff(lease.sandbox_id)).patch
 
-Every call's deadline is the node's own bound on the work (swerl.exec.settings: a command's
-timeout, the diff script's, a harness bundle's build, an evaluation's tests) plus one margin,
-`DEADLINE_MARGIN_S`; calls the node bounds by nothing of its own (create, destroy, look-ups) get
-the client's `timeout_s`. A new node RPC is a proto, a servicer method and a method here.
+Every call's deadline comes from the node's own bound on the work (swerl.exec.settings: a
+command's timeout, the diff script's, a harness bundle's build step, an evaluation's tests),
+derived once in this module's deadlines; calls the node bounds by nothing of its own (create,
+destroy, look-ups) get the client's `timeout_s`. A new node RPC is a proto, a servicer method
+and a method here.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, ParamSpec, cast
+from typing import ParamSpec, Protocol, cast
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -30,14 +32,12 @@ from swerl.exec.outcome import ExecResult
 from swerl.exec.settings import (
     DEFAULT_COMMAND_TIMEOUT_S,
     DEFAULT_EVALUATION_TIMEOUT_S,
+    DEFAULT_SANDBOX_TTL_S,
     DIFF_TIMEOUT_S,
-    HARNESS_BUILD_TIMEOUT_S,
+    HARNESS_BUILD_STEP_TIMEOUT_S,
 )
 from swerl.exec.v1 import evaluate_pb2, evaluate_pb2_grpc, sandbox_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2 as pb
-
-if TYPE_CHECKING:
-    from swerl.pool.client import Lease
 
 P = ParamSpec("P")
 
@@ -61,33 +61,40 @@ NODE_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 )
 
 # -- deadlines ----------------------------------------------------------------------------------
-# What a client waits beyond the node's own bound on a piece of work before it gives up on the
-# node: the answer's way back and a loaded node's scheduling. The one margin of every deadline
-# below that the node bounds itself.
-DEADLINE_MARGIN_S = 30.0
+# Each call's deadline is derived here, once, from the node's own bound on the work
+# (swerl.exec.settings); a caller names none of these numbers.
+#
+# A command's result is awaited for its timeout plus this margin before the client gives up.
+COMMAND_DEADLINE_MARGIN_S = 30.0
+# A CommandStream's one call lives at most this long when no command needs longer (it is opened
+# again sooner anyway, see MAX_CALL_AGE_S): no sandbox of the node's default lifetime outlives it.
+COMMANDS_CALL_DEADLINE_S = DEFAULT_SANDBOX_TTL_S
 # Calls the node bounds by nothing of its own (create, destroy, renew, look-ups): the default of
 # `SandboxClient(timeout_s=)`.
 CALL_TIMEOUT_S = 60.0
-# GetDiff: the diff script's own timeout on the node.
-DIFF_DEADLINE_S = DIFF_TIMEOUT_S + DEADLINE_MARGIN_S
-# OpenHarness: a first call on a node builds the harness's bundle, bounded by its build steps.
-OPEN_HARNESS_DEADLINE_S = HARNESS_BUILD_TIMEOUT_S + DEADLINE_MARGIN_S
+# GetDiff: as long as the node lets the diff script run. A script that takes all of it ends here
+# in DEADLINE_EXCEEDED rather than in the node's own answer.
+DIFF_DEADLINE_S = DIFF_TIMEOUT_S
+# OpenHarness: a first call on a node builds the harness's bundle; it is awaited as long as the
+# node lets one build step (a `pip download`, an `npm install`) run.
+OPEN_HARNESS_DEADLINE_S = HARNESS_BUILD_STEP_TIMEOUT_S
 # Evaluate: beyond its tests' limit, the phases around them (the patch and the test patch
-# applied, the grading, the report), the margin included...
+# applied, the grading, the report)...
 EVALUATE_OVERHEAD_S = 120.0
 # ...and, for a request that names no sandbox, the node's own evaluation sandbox created first.
 EVALUATE_OWN_SANDBOX_S = 180.0
 # While a pool is away, a lease holder renews its sandbox on the node itself (`hold_sandbox`):
 # a node that does not answer within this is tried again at the lease's next renewal.
 HOLD_TIMEOUT_S = 5.0
-# EnsureImages: pulls the node bounds by nothing (images of any size), so a whole call's default.
+# EnsureImages: the node bounds a pull by nothing (images of any size), so a whole call's
+# default; the leases or the operator waiting on the pulls have their own deadlines.
 ENSURE_IMAGES_TIMEOUT_S = 3600.0
 
 
 def command_deadline_s(timeout_s: float) -> float:
     """How long a command's result is awaited: its timeout (0: the node's default) plus the
     margin; past it the client gives up and the command is killed."""
-    return (timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + DEADLINE_MARGIN_S
+    return (timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + COMMAND_DEADLINE_MARGIN_S
 
 
 def evaluate_deadline_s(timeout_s: float, *, own_sandbox: bool) -> float:
@@ -95,7 +102,6 @@ def evaluate_deadline_s(timeout_s: float, *, own_sandbox: bool) -> float:
     around them, and the node's own sandbox when the request names none."""
     deadline = (timeout_s or DEFAULT_EVALUATION_TIMEOUT_S) + EVALUATE_OVERHEAD_S
     return deadline + (EVALUATE_OWN_SANDBOX_S if own_sandbox else 0.0)
-
 
 
 def start_message(
@@ -175,6 +181,20 @@ def _result(e: pb.ExecExit, out: Mapping[pb.OutputStream, bytearray]) -> ExecRes
     )
 
 
+class NodeLease(Protocol):
+    """What `SandboxClient.for_lease` needs of a lease on a node (`swerl.pool.client.Lease` is
+    one): where the sandbox is, the credentials to reach it, and a place to attach the client."""
+
+    node_address: str
+    # The lease's current capability token (renewed while the lease lives).
+    token: str
+    # The deployment's bearer token and CA, as the lease holder reached the pool with.
+    auth_token: str | None
+    tls_ca_file: str | None
+
+    def attach_node(self, node: SandboxClient) -> None: ...
+
+
 class SandboxClient:
     """An exec node's SandboxService and EvaluateService over one channel.
 
@@ -198,9 +218,9 @@ class SandboxClient:
         self._streams: dict[str, CommandStream] = {}
 
     @classmethod
-    def for_lease(cls, lease: Lease) -> SandboxClient:
-        """A client of a pool lease's node (`swerl.pool.client.Lease`): it dials the node with
-        the pool client's credentials and sends the lease's current capability token on every
+    def for_lease(cls, lease: NodeLease) -> SandboxClient:
+        """A client of a lease's node (`swerl.pool.client.Lease`): it dials the node with the
+        lease holder's credentials and sends the lease's current capability token on every
         call. It is attached to the lease, which renews the sandbox through it while the pool is
         away (`hold_sandbox`) and closes it when the lease is released."""
 
@@ -260,22 +280,21 @@ class SandboxClient:
         self,
         sandbox_id: str,
         *,
-        deadline_s: float = 3600.0,
+        deadline_s: float = COMMANDS_CALL_DEADLINE_S,
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> CommandStream:
         """A `CommandStream` of its own on one sandbox: many commands over one call."""
         return CommandStream(self.stub, sandbox_id, deadline_s=deadline_s, metadata=metadata)
 
     async def aclose(self) -> None:
-        """Ends the calls `run` keeps open (closing the channel ends them too), and closes the
-        channel if this client opened it (`for_lease`)."""
+        """Ends the calls `run` keeps open. A channel this client opened (`for_lease`) is closed
+        first, which ends every call on it at once: a released lease waits for nothing from a
+        node that may not answer; a channel the caller gave is left open, its calls half-closed."""
         streams, self._streams = list(self._streams.values()), {}
-        try:
-            for stream in streams:
-                await stream.aclose()
-        finally:
-            if self._owns_channel:
-                await self.channel.close()
+        if self._owns_channel:
+            await self.channel.close()
+        for stream in streams:
+            await stream.aclose()
 
     def exec_call(
         self, *, timeout_s: float, metadata: Sequence[tuple[str, str]] | None = None
@@ -507,7 +526,7 @@ class CommandStream:
         stub: sandbox_pb2_grpc.SandboxServiceStub,
         sandbox_id: str,
         *,
-        deadline_s: float = 3600.0,
+        deadline_s: float = COMMANDS_CALL_DEADLINE_S,
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> None:
         self._stub = stub
