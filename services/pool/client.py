@@ -564,10 +564,16 @@ class PoolClient:
         )
         return await self.stub.Prewarm(request, timeout=self.call_timeout_s)
 
-    async def prefetch_images(self, images: Sequence[str]) -> list[pb.ImagePrefetch]:
+    async def prefetch_images(
+        self, images: Sequence[str], *, retry: bool = True
+    ) -> list[pb.ImagePrefetch]:
         """PrefetchImages: starts pulls of `images` on their home nodes (naturally idempotent,
-        so retried while the pool is unreachable)."""
+        so retried while the pool is unreachable). `retry=False`: one attempt, for a caller
+        whose next call repeats the advice anyway (the trainer's prefetcher)."""
         request = pb.PrefetchImagesRequest(request_id=uuid.uuid4().hex, images=list(images))
+        if not retry:
+            response = await self.stub.PrefetchImages(request, timeout=self.call_timeout_s)
+            return list(response.images)
         async for attempt in async_retrying():
             with attempt:
                 response = await self.stub.PrefetchImages(request, timeout=self.call_timeout_s)
@@ -590,9 +596,12 @@ class PoolClient:
         *,
         capacity: int = 0,
         labels: Mapping[str, str] | None = None,
+        request_id: str | None = None,
     ) -> pb.Node:
+        """RegisterNode, one attempt. `request_id`: the same one on every attempt of a caller
+        that retries (a node registering at start-up), so the pool answers them as one."""
         request = pb.RegisterNodeRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=request_id or uuid.uuid4().hex,
             node_id=node_id,
             address=address,
             capacity=capacity,
