@@ -207,8 +207,8 @@ async def run_remote(
     channel = make_channel(node, token=token)
     try:
         await require_node_images(tasks, channel)
-        node = SandboxClient(channel)
-        return await validate(tasks, node, concurrency=concurrency, timeout_s=timeout_s)
+        client = SandboxClient(channel)
+        return await validate(tasks, client, concurrency=concurrency, timeout_s=timeout_s)
     finally:
         await channel.close()
 
