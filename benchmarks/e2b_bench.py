@@ -54,6 +54,7 @@ from e2b import Sandbox
 
 from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.e2b.scripts import cleanup_command, job_spec, launch_command
+from swerl.exec.client import SandboxClient
 from swerl.pool.client import PoolClient
 
 FACE_START_TIMEOUT_S = 120.0
@@ -151,7 +152,7 @@ class ExecCommandsBaseline:
         )
         metadata = ((LEASE_TOKEN_METADATA_KEY, lease.token),)
         self.stream = await self.stack.enter_async_context(
-            lease.sandbox.commands(lease.sandbox_id, metadata=metadata)
+            SandboxClient.for_lease(lease).commands(lease.sandbox_id, metadata=metadata)
         )
         return lease
 

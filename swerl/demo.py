@@ -76,7 +76,6 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
     """Part 1: the exec node's contract on one sandbox."""
     from swerl.exec.client import SandboxClient
     from swerl.exec.server import local_node
-    from swerl.exec.v1 import sandbox_pb2 as pb
 
     async with local_node("demo") as (node, channel):
         port = node.port
@@ -85,11 +84,8 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
         try:
             _say("exec node", f"serving swerl.exec.v1.SandboxService on 127.0.0.1:{port}")
             started = time.monotonic()
-            created = await client.stub.CreateSandbox(
-                pb.CreateSandboxRequest(request_id="demo-1", image=image, workdir="/work"),
-                timeout=60,
-            )
-            sandbox_id = created.sandbox.sandbox_id
+            created = await client.create_sandbox(image, request_id="demo-1", workdir="/work")
+            sandbox_id = created.sandbox_id
             _say(
                 "CreateSandbox",
                 f"{sandbox_id} from {image} in {time.monotonic() - started:.2f} s"
@@ -130,9 +126,7 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
                 "git init -q . && git -c user.email=d@x -c user.name=demo commit -q --allow-empty"
                 " -m base && echo 'print(1)' > new.py && printf 'x\\0y' > blob.bin",
             )
-            diff = await client.stub.GetDiff(
-                pb.GetDiffRequest(sandbox_id=sandbox_id, include_untracked=True), timeout=60
-            )
+            diff = await client.diff(sandbox_id, include_untracked=True)
             _say(
                 "GetDiff",
                 f"{len(diff.patch)} bytes against {diff.base_commit[:12]},"
@@ -152,10 +146,8 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
             )
         finally:
             if sandbox_id:
-                response = await client.stub.DestroySandbox(
-                    pb.DestroySandboxRequest(sandbox_id=sandbox_id), timeout=60
-                )
-                _say("DestroySandbox", f"existed={response.existed}; nothing left behind")
+                existed = await client.destroy_sandbox(sandbox_id)
+                _say("DestroySandbox", f"existed={existed}; nothing left behind")
     return 0
 
 

@@ -7,7 +7,8 @@ itself (swerl.pool.server, swerl.exec.server).
     async with local_stack(nodes=2) as stack:
         pool = PoolClient(stack.pool_address, token=stack.token)
         async with pool.lease("swerl-base:bookworm", owner="me") as lease:
-            result = await lease.sandbox.run(lease.sandbox_id, "echo hi")
+            node = SandboxClient.for_lease(lease)
+            result = await node.run(lease.sandbox_id, "echo hi")
 """
 
 from __future__ import annotations

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
 
+from swerl.exec.client import SandboxClient
+from swerl.exec.settings import DEFAULT_EVALUATION_TIMEOUT_S
 from swerl.exec.sweinstance import instance_to_pb
 from swerl.exec.v1 import evaluate_pb2 as pb
-from swerl.exec.v1 import evaluate_pb2_grpc, sandbox_pb2, sandbox_pb2_grpc
 from swerl.tasks import TaskInstance, images_missing
 
 RESOLVED = (pb.EVALUATION_STATUS_RESOLVED_FULL, pb.EVALUATION_STATUS_RESOLVED_PARTIAL)
@@ -67,19 +67,12 @@ UNPATCHED_PATCH = (
 
 
 async def evaluate_once(
-    stub: evaluate_pb2_grpc.EvaluateServiceStub, instance: dict, patch: str, timeout_s: float
+    node: SandboxClient, instance: dict, patch: str, timeout_s: float
 ) -> pb.EvaluationReport:
-    request = pb.EvaluateRequest(
-        request_id=uuid.uuid4().hex,
-        instance=instance_to_pb(instance),
-        patch=patch.encode(),
-        omit_logs=True,
+    """One Evaluate in the node's own fresh sandbox, its tests bounded by `timeout_s`."""
+    report = await node.evaluation_report(
+        instance_to_pb(instance), patch.encode(), timeout_s=timeout_s
     )
-    request.timeout.FromNanoseconds(int(timeout_s * 1e9))
-    report = None
-    async for response in stub.Evaluate(request, timeout=timeout_s + 300):
-        if response.WhichOneof("kind") == "report":
-            report = response.report
     if report is None:
         raise RuntimeError("Evaluate ended without a report")
     return report
@@ -129,10 +122,10 @@ def _judge(task: TaskInstance, kind: str, report: pb.EvaluationReport) -> tuple[
 
 async def validate(
     tasks: Sequence[TaskInstance],
-    stub: evaluate_pb2_grpc.EvaluateServiceStub,
+    node: SandboxClient,
     *,
     concurrency: int = 2,
-    timeout_s: float = 600.0,
+    timeout_s: float = DEFAULT_EVALUATION_TIMEOUT_S,
     progress=print,
 ) -> list[Check]:
     limit = asyncio.Semaphore(max(concurrency, 1))
@@ -150,7 +143,7 @@ async def validate(
         async with limit:
             started = time.monotonic()
             try:
-                report = await evaluate_once(stub, dict(task.instance), patch, timeout_s)
+                report = await evaluate_once(node, dict(task.instance), patch, timeout_s)
                 status = _status_name(report.status)
                 ok, detail = _judge(task, kind, report)
             except grpc.aio.AioRpcError as exc:
@@ -193,9 +186,8 @@ async def require_node_images(tasks: Sequence[TaskInstance], channel: grpc.aio.C
     has every task's image (as its ListImages reports them)."""
     from swerl.images.pull import canonical_image
 
-    stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
-    listed = await stub.ListImages(sandbox_pb2.ListImagesRequest(), timeout=60)
-    present = {canonical_image(tag) for image in listed.images for tag in image.repo_tags}
+    listed = await SandboxClient(channel).list_images()
+    present = {canonical_image(tag) for image in listed for tag in image.repo_tags}
     missing = [task for task in tasks if canonical_image(task.image_name) not in present]
     if missing:
         raise images_missing(missing, "the exec node")
@@ -215,8 +207,8 @@ async def run_remote(
     channel = make_channel(node, token=token)
     try:
         await require_node_images(tasks, channel)
-        stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
-        return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)
+        client = SandboxClient(channel)
+        return await validate(tasks, client, concurrency=concurrency, timeout_s=timeout_s)
     finally:
         await channel.close()
 
@@ -239,5 +231,5 @@ async def run_local(
     else:
         await asyncio.to_thread(require_images, tasks)
     async with local_node("validate") as (_, channel):
-        stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
-        return await validate(tasks, stub, concurrency=concurrency, timeout_s=timeout_s)
+        node = SandboxClient(channel)
+        return await validate(tasks, node, concurrency=concurrency, timeout_s=timeout_s)

@@ -14,25 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import structlog
 
-from swerl.chassis.client import make_channel
-from swerl.pool.v1 import pool_pb2, pool_pb2_grpc
+from swerl.pool.client import PoolClient
+from swerl.pool.v1 import pool_pb2
 from swerl.trainer_plugin.settings import PluginSettings
 
 _log = structlog.get_logger("swerl.trainer_plugin")
 
 # An image sent within this long is not sent again.
 RESEND_AFTER_S = 300.0
+# One PrefetchImages call's deadline (the pool only starts the pulls before it answers); a call
+# that fails is not retried, its images go in a later window's call.
+PREFETCH_CALL_TIMEOUT_S = 10.0
 
 
 class Prefetcher:
     def __init__(self, address: str, token: str | None, delay_s: float) -> None:
-        self._channel: Any = make_channel(address, token=token)
-        self._stub = pool_pb2_grpc.PoolServiceStub(self._channel)
+        self._pool = PoolClient(address, token=token, call_timeout_s=PREFETCH_CALL_TIMEOUT_S)
         self._delay_s = delay_s
         self._pending: dict[str, None] = {}
         self._sent: dict[str, float] = {}
@@ -59,10 +60,9 @@ class Prefetcher:
         now = time.monotonic()
         for image in images:
             self._sent[image] = now
-        request = pool_pb2.PrefetchImagesRequest(request_id=uuid.uuid4().hex, images=images)
         self.calls += 1
         try:
-            reply = await self._stub.PrefetchImages(request, timeout=10)
+            prefetches = await self._pool.prefetch_images(images, retry=False)
         except Exception as exc:  # Advice only: the episodes pull on demand anyway.
             # Logged once as a warning (a pool that is down would otherwise log every window).
             log = _log.warning if not self.failures else _log.debug
@@ -71,13 +71,13 @@ class Prefetcher:
             for image in images:
                 self._sent.pop(image, None)
             return
-        started = sum(1 for p in reply.images if p.status == pool_pb2.PREFETCH_STATUS_STARTED)
+        started = sum(1 for p in prefetches if p.status == pool_pb2.PREFETCH_STATUS_STARTED)
         _log.info("prefetch.sent", images=len(images), started=started)
 
     async def close(self) -> None:
         if self._flush is not None:
             await asyncio.gather(self._flush, return_exceptions=True)
-        await self._channel.close()
+        await self._pool.close()
 
 
 _prefetchers: dict[tuple[Any, ...], Prefetcher] = {}

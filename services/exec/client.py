@@ -1,19 +1,43 @@
-"""A small async client for an exec node's SandboxService (used by tools, tests and the agent)."""
+"""The one client of an exec node: its SandboxService and EvaluateService, for every process that
+calls a node (the agent, the tools, the trainer's helpers, tests).
+
+    async with pool.lease(image) as lease:                 # swerl.pool.client: the lease only
+        node = SandboxClient.for_lease(lease)              # the lease's node, its token attached
+        result = await node.run(lease.sandbox_id, "pytest -x", timeout_s=600)
+        patch = (await node.diff(lease.sandbox_id)).patch
+
+Every call's deadline comes from the node's own bound on the work (swerl.exec.settings: a
+command's timeout, the diff script's, a harness bundle's build step, an evaluation's tests),
+derived once in this module's deadlines; calls the node bounds by nothing of its own (create,
+destroy, look-ups) get the client's `timeout_s`. A new node RPC is a proto, a servicer method
+and a method here.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import ParamSpec, cast
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import ParamSpec, Protocol, cast
 
 import grpc
+from google.protobuf import timestamp_pb2
 
+from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
+from swerl.chassis.client import make_channel
 from swerl.chassis.timeconv import duration_pb as duration
 from swerl.exec.outcome import ExecResult
-from swerl.exec.settings import DEFAULT_COMMAND_TIMEOUT_S
+from swerl.exec.settings import (
+    DEFAULT_COMMAND_TIMEOUT_S,
+    DEFAULT_EVALUATION_TIMEOUT_S,
+    DEFAULT_SANDBOX_TTL_S,
+    DIFF_TIMEOUT_S,
+    HARNESS_BUILD_STEP_TIMEOUT_S,
+)
+from swerl.exec.v1 import evaluate_pb2, evaluate_pb2_grpc, sandbox_pb2_grpc
 from swerl.exec.v1 import sandbox_pb2 as pb
-from swerl.exec.v1 import sandbox_pb2_grpc
 
 P = ParamSpec("P")
 
@@ -35,6 +59,49 @@ NODE_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 )
+
+# -- deadlines ----------------------------------------------------------------------------------
+# Each call's deadline is derived here, once, from the node's own bound on the work
+# (swerl.exec.settings); a caller names none of these numbers.
+#
+# A command's result is awaited for its timeout plus this margin before the client gives up.
+COMMAND_DEADLINE_MARGIN_S = 30.0
+# A CommandStream's one call lives at most this long when no command needs longer (it is opened
+# again sooner anyway, see MAX_CALL_AGE_S): no sandbox of the node's default lifetime outlives it.
+COMMANDS_CALL_DEADLINE_S = DEFAULT_SANDBOX_TTL_S
+# Calls the node bounds by nothing of its own (create, destroy, renew, look-ups): the default of
+# `SandboxClient(timeout_s=)`.
+CALL_TIMEOUT_S = 60.0
+# GetDiff: as long as the node lets the diff script run. A script that takes all of it ends here
+# in DEADLINE_EXCEEDED rather than in the node's own answer.
+DIFF_DEADLINE_S = DIFF_TIMEOUT_S
+# OpenHarness: a first call on a node builds the harness's bundle; it is awaited as long as the
+# node lets one build step (a `pip download`, an `npm install`) run.
+OPEN_HARNESS_DEADLINE_S = HARNESS_BUILD_STEP_TIMEOUT_S
+# Evaluate: beyond its tests' limit, the phases around them (the patch and the test patch
+# applied, the grading, the report)...
+EVALUATE_OVERHEAD_S = 120.0
+# ...and, for a request that names no sandbox, the node's own evaluation sandbox created first.
+EVALUATE_OWN_SANDBOX_S = 180.0
+# While a pool is away, a lease holder renews its sandbox on the node itself (`hold_sandbox`):
+# a node that does not answer within this is tried again at the lease's next renewal.
+HOLD_TIMEOUT_S = 5.0
+# EnsureImages: the node bounds a pull by nothing (images of any size), so a whole call's
+# default; the leases or the operator waiting on the pulls have their own deadlines.
+ENSURE_IMAGES_TIMEOUT_S = 3600.0
+
+
+def command_deadline_s(timeout_s: float) -> float:
+    """How long a command's result is awaited: its timeout (0: the node's default) plus the
+    margin; past it the client gives up and the command is killed."""
+    return (timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + COMMAND_DEADLINE_MARGIN_S
+
+
+def evaluate_deadline_s(timeout_s: float, *, own_sandbox: bool) -> float:
+    """How long an Evaluate is awaited: its tests' limit (0: the node's default), the phases
+    around them, and the node's own sandbox when the request names none."""
+    deadline = (timeout_s or DEFAULT_EVALUATION_TIMEOUT_S) + EVALUATE_OVERHEAD_S
+    return deadline + (EVALUATE_OWN_SANDBOX_S if own_sandbox else 0.0)
 
 
 def start_message(
@@ -114,11 +181,62 @@ def _result(e: pb.ExecExit, out: Mapping[pb.OutputStream, bytearray]) -> ExecRes
     )
 
 
+class NodeLease(Protocol):
+    """What `SandboxClient.for_lease` needs of a lease on a node (`swerl.pool.client.Lease` is
+    one): where the sandbox is, the credentials to reach it, and a place to attach the client."""
+
+    node_address: str
+    # The lease's current capability token (renewed while the lease lives).
+    token: str
+    # The deployment's bearer token and CA, as the lease holder reached the pool with.
+    auth_token: str | None
+    tls_ca_file: str | None
+
+    def attach_node(self, node: SandboxClient) -> None: ...
+
+
 class SandboxClient:
-    def __init__(self, channel: grpc.aio.Channel, *, timeout_s: float = 60.0) -> None:
+    """An exec node's SandboxService and EvaluateService over one channel.
+
+    `timeout_s` is the deadline of the calls the node bounds by nothing of its own; every other
+    call's deadline is derived from the node's bound (see the module's deadlines). `stub` and
+    `evaluate_stub` are the raw contract, for the tests of the contract itself: a caller that
+    needs a call this client lacks adds it here."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        *,
+        timeout_s: float = CALL_TIMEOUT_S,
+        owns_channel: bool = False,
+    ) -> None:
+        self.channel = channel
         self.stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        self.evaluate_stub = evaluate_pb2_grpc.EvaluateServiceStub(channel)
         self.timeout_s = timeout_s
+        self._owns_channel = owns_channel
         self._streams: dict[str, CommandStream] = {}
+
+    @classmethod
+    def for_lease(cls, lease: NodeLease) -> SandboxClient:
+        """A client of a lease's node (`swerl.pool.client.Lease`): it dials the node with the
+        lease holder's credentials and sends the lease's current capability token on every
+        call. It is attached to the lease, which renews the sandbox through it while the pool is
+        away (`hold_sandbox`) and closes it when the lease is released."""
+
+        def token_metadata() -> list[tuple[str, str]]:
+            return [(LEASE_TOKEN_METADATA_KEY, lease.token)] if lease.token else []
+
+        channel = make_channel(
+            lease.node_address,
+            token=lease.auth_token,
+            tls_ca_file=lease.tls_ca_file,
+            metadata_provider=token_metadata,
+            extra_options=NODE_CHANNEL_OPTIONS,
+        )
+        client = cls(channel, owns_channel=True)
+        lease.attach_node(client)
+        return client
 
     async def run(
         self,
@@ -162,23 +280,227 @@ class SandboxClient:
         self,
         sandbox_id: str,
         *,
-        deadline_s: float = 3600.0,
+        deadline_s: float = COMMANDS_CALL_DEADLINE_S,
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> CommandStream:
         """A `CommandStream` of its own on one sandbox: many commands over one call."""
         return CommandStream(self.stub, sandbox_id, deadline_s=deadline_s, metadata=metadata)
 
     async def aclose(self) -> None:
-        """Ends the calls `run` keeps open (closing the channel ends them too)."""
+        """Ends the calls `run` keeps open. A channel this client opened (`for_lease`) is closed
+        first, which ends every call on it at once: a released lease waits for nothing from a
+        node that may not answer; a channel the caller gave is left open, its calls half-closed."""
         streams, self._streams = list(self._streams.values()), {}
+        if self._owns_channel:
+            await self.channel.close()
         for stream in streams:
             await stream.aclose()
+
+    def exec_call(
+        self, *, timeout_s: float, metadata: Sequence[tuple[str, str]] | None = None
+    ) -> grpc.aio.StreamStreamCall:
+        """An Exec call to drive by hand (a caller that streams stdin or signals itself; `run`
+        is the usual way). `timeout_s`: the caller's bound on the whole call."""
+        return self.stub.Exec(metadata=_metadata(metadata), timeout=timeout_s)
+
+    def commands_call(
+        self, *, timeout_s: float, metadata: Sequence[tuple[str, str]] | None = None
+    ) -> grpc.aio.StreamStreamCall:
+        """An ExecCommands call to drive by hand (`commands` wraps one in a CommandStream)."""
+        return self.stub.ExecCommands(metadata=_metadata(metadata), timeout=timeout_s)
+
+    # -- sandboxes -------------------------------------------------------------------------
+    async def create_sandbox(
+        self,
+        image: str,
+        *,
+        request_id: str | None = None,
+        workdir: str = "",
+        env: Mapping[str, str] | None = None,
+        ttl_s: float = 0.0,
+        owner: str = "",
+        instance_id: str = "",
+        labels: Mapping[str, str] | None = None,
+    ) -> pb.Sandbox:
+        """CreateSandbox (tools and tests; the pool creates a lease's sandbox itself). Zero or
+        empty fields take the node's defaults; the image must be on the node already."""
+        request = pb.CreateSandboxRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            image=image,
+            workdir=workdir,
+            env=dict(env or {}),
+            labels=dict(labels or {}),
+            ttl=duration(ttl_s) if ttl_s else None,
+            owner=owner,
+            instance_id=instance_id,
+        )
+        return (await self.stub.CreateSandbox(request, timeout=self.timeout_s)).sandbox
+
+    async def destroy_sandbox(self, sandbox_id: str) -> bool:
+        """DestroySandbox; False when the node had no such sandbox (idempotent)."""
+        request = pb.DestroySandboxRequest(sandbox_id=sandbox_id)
+        return (await self.stub.DestroySandbox(request, timeout=self.timeout_s)).existed
+
+    async def get_sandbox(self, sandbox_id: str, *, timeout_s: float | None = None) -> pb.Sandbox:
+        request = pb.GetSandboxRequest(sandbox_id=sandbox_id)
+        response = await self.stub.GetSandbox(request, timeout=timeout_s or self.timeout_s)
+        return response.sandbox
+
+    async def renew_sandbox(
+        self,
+        sandbox_id: str,
+        ttl_s: float,
+        *,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> pb.Sandbox:
+        """RenewSandbox: the sandbox's expiry becomes now + `ttl_s` (0: the node's default)."""
+        request = pb.RenewSandboxRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            sandbox_id=sandbox_id,
+            ttl=duration(ttl_s),
+        )
+        response = await self.stub.RenewSandbox(request, timeout=timeout_s or self.timeout_s)
+        return response.sandbox
+
+    async def hold_sandbox(self, sandbox_id: str, hold_s: float) -> float:
+        """Keeps the sandbox on the node for at least `hold_s` more seconds and returns the
+        node's expiry for it (epoch seconds). The expiry only ever moves later: the pool may
+        have set it further than `hold_s`. What a lease holder does while the pool is away;
+        a sandbox the node no longer has fails NOT_FOUND."""
+        sandbox = await self.get_sandbox(sandbox_id, timeout_s=HOLD_TIMEOUT_S)
+        expire = _epoch_s(sandbox.expire_time)
+        if expire < time.time() + hold_s:
+            sandbox = await self.renew_sandbox(sandbox_id, hold_s, timeout_s=HOLD_TIMEOUT_S)
+            expire = _epoch_s(sandbox.expire_time)
+        return expire
+
+    async def diff(
+        self,
+        sandbox_id: str,
+        *,
+        include_untracked: bool = True,
+        base_ref: str = "",
+        path: str = "",
+    ) -> pb.GetDiffResponse:
+        """GetDiff: the sandbox's changes as one binary-safe patch (untracked files included
+        unless told otherwise) against `base_ref` (HEAD) of the repository at `path` (the
+        sandbox's workdir)."""
+        request = pb.GetDiffRequest(
+            sandbox_id=sandbox_id, include_untracked=include_untracked, base_ref=base_ref, path=path
+        )
+        return await self.stub.GetDiff(request, timeout=DIFF_DEADLINE_S)
+
+    async def open_harness(
+        self,
+        sandbox_id: str,
+        harness: str,
+        *,
+        gateway_url: str,
+        gateway_api_key: str = "",
+        version: str = "",
+    ) -> pb.OpenHarnessResponse:
+        """OpenHarness: the harness's bundle (built first on a node that lacks it) and the
+        sandbox's socket to `gateway_url`."""
+        request = pb.OpenHarnessRequest(
+            sandbox_id=sandbox_id,
+            harness=harness,
+            version=version,
+            gateway_url=gateway_url,
+            gateway_api_key=gateway_api_key,
+        )
+        return await self.stub.OpenHarness(request, timeout=OPEN_HARNESS_DEADLINE_S)
+
+    # -- evaluation ------------------------------------------------------------------------
+    def evaluate(
+        self,
+        instance: evaluate_pb2.SweInstance,
+        patch: bytes,
+        *,
+        sandbox_id: str = "",
+        timeout_s: float = 0.0,
+        omit_logs: bool = True,
+        request_id: str | None = None,
+    ) -> AsyncIterator[evaluate_pb2.EvaluateResponse]:
+        """Evaluate's stream (phases, logs unless omitted, then the report): `patch` graded in
+        `sandbox_id`, or in a fresh sandbox of the instance's image when empty; `timeout_s`
+        bounds the tests (0: the node's default)."""
+        request = evaluate_pb2.EvaluateRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            sandbox_id=sandbox_id,
+            instance=instance,
+            patch=patch,
+            timeout=duration(timeout_s) if timeout_s else None,
+            omit_logs=omit_logs,
+        )
+        deadline = evaluate_deadline_s(timeout_s, own_sandbox=not sandbox_id)
+        responses: AsyncIterator[evaluate_pb2.EvaluateResponse] = self.evaluate_stub.Evaluate(
+            request, timeout=deadline
+        )
+        return responses
+
+    async def evaluation_report(
+        self,
+        instance: evaluate_pb2.SweInstance,
+        patch: bytes,
+        *,
+        sandbox_id: str = "",
+        timeout_s: float = 0.0,
+        request_id: str | None = None,
+    ) -> evaluate_pb2.EvaluationReport | None:
+        """Evaluate (logs omitted) to its report; None when the stream ended without one."""
+        report = None
+        stream = self.evaluate(
+            instance, patch, sandbox_id=sandbox_id, timeout_s=timeout_s, request_id=request_id
+        )
+        async for response in stream:
+            if response.WhichOneof("kind") == "report":
+                report = response.report
+        return report
+
+    # -- the node and its images -------------------------------------------------------------
+    async def node_info(self) -> pb.GetNodeInfoResponse:
+        """GetNodeInfo: the node's id, capacity, load, version and Docker health."""
+        return await self.stub.GetNodeInfo(pb.GetNodeInfoRequest(), timeout=self.timeout_s)
+
+    async def list_images(self) -> list[pb.Image]:
+        """ListImages: the images present on the node."""
+        response = await self.stub.ListImages(pb.ListImagesRequest(), timeout=self.timeout_s)
+        return list(response.images)
+
+    def ensure_images(
+        self,
+        images: Sequence[str],
+        *,
+        mirror_prefix: str = "",
+        concurrency: int = 0,
+        request_id: str | None = None,
+        timeout_s: float = ENSURE_IMAGES_TIMEOUT_S,
+    ) -> AsyncIterator[pb.EnsureImagesResponse]:
+        """EnsureImages' stream: progress, then one result per image (pulled, present, or
+        failed with the node's reason). `concurrency` 0: the node's default."""
+        request = pb.EnsureImagesRequest(
+            request_id=request_id or uuid.uuid4().hex,
+            images=list(images),
+            mirror_prefix=mirror_prefix,
+            concurrency=concurrency,
+        )
+        responses: AsyncIterator[pb.EnsureImagesResponse] = self.stub.EnsureImages(
+            request, timeout=timeout_s
+        )
+        return responses
+
+
+def _metadata(pairs: Sequence[tuple[str, str]] | None) -> tuple[tuple[str, str], ...] | None:
+    return tuple(pairs) if pairs is not None else None
+
+
+def _epoch_s(ts: timestamp_pb2.Timestamp) -> float:
+    return float(ts.seconds + ts.nanos / 1e9)
 
 
 # Stdin bytes per ExecStdin message.
 STDIN_CHUNK_BYTES = 1 << 20
-# A command's result is awaited for its timeout plus this margin before the client gives up.
-COMMAND_DEADLINE_MARGIN_S = 30.0
 # A call is not reused past this age: per-call metadata (a lease's capability token, renewed
 # while the lease lives) is read when a call opens, so a fresh call picks up the current one.
 # An idle call is half-closed after it, so a client leaves nothing open on a node it stopped
@@ -204,7 +526,7 @@ class CommandStream:
         stub: sandbox_pb2_grpc.SandboxServiceStub,
         sandbox_id: str,
         *,
-        deadline_s: float = 3600.0,
+        deadline_s: float = COMMANDS_CALL_DEADLINE_S,
         metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> None:
         self._stub = stub
@@ -257,7 +579,7 @@ class CommandStream:
             )
         )
         if deadline_s is None:
-            deadline_s = (timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + COMMAND_DEADLINE_MARGIN_S
+            deadline_s = command_deadline_s(timeout_s)
         loop = asyncio.get_running_loop()
         async with self._turn:
             if self._idle is not None:

@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swerl.exec.errors import DiffTooLarge, NotAGitRepository, UnknownBaseRef
+from swerl.exec.settings import DIFF_TIMEOUT_S
 from swerl.exec.shell import SandboxShell, bash_quote
-
-# How long the diff script may run.
-DIFF_TIMEOUT_S = 120.0
 
 _GIT = (
     "git -c core.quotepath=false -c diff.noprefix=false -c diff.mnemonicPrefix=false"

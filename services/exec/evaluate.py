@@ -40,13 +40,13 @@ from swerl.chassis.errors import InvalidArgument, SwerlError
 from swerl.exec.image_ensure import validate_image_reference
 from swerl.exec.output import STDOUT
 from swerl.exec.sandboxes import CreateSpec, SandboxManager
+from swerl.exec.settings import DEFAULT_EVALUATION_TIMEOUT_S
 from swerl.exec.shell import CONTAINER_IO_DIR, CommandSpec, Exit, Output
 from swerl.exec.verdicts import empty_patch
 
 log = structlog.get_logger(__name__)
 
 REPO_DIR = "/testbed"
-DEFAULT_TIMEOUT_S = 600.0
 MAX_LOG_BYTES = 128 << 20
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
@@ -386,7 +386,7 @@ class Evaluator:
                             # Outlives the evaluation, but never past the node's longest
                             # lifetime (a longer ttl is refused as INVALID_SANDBOX_SPEC).
                             ttl_s=min(
-                                (timeout_s or DEFAULT_TIMEOUT_S) + 600,
+                                (timeout_s or DEFAULT_EVALUATION_TIMEOUT_S) + 600,
                                 self._m.settings.max_ttl_s,
                             ),
                         )
@@ -408,7 +408,7 @@ class Evaluator:
                 work,
                 inside,
                 report,
-                timeout_s or DEFAULT_TIMEOUT_S,
+                timeout_s or DEFAULT_EVALUATION_TIMEOUT_S,
                 omit_logs,
             ):
                 yield event

@@ -11,32 +11,29 @@ import asyncio
 import grpc
 import structlog
 
-from swerl.chassis.client import error_info, make_channel
+from swerl.chassis.client import error_info
 from swerl.exec.settings import ExecSettings
 
 log = structlog.get_logger("swerl.exec.registration")
 
 
 async def register_with_pool(settings: ExecSettings, address: str) -> None:
-    from swerl.pool.v1 import pool_pb2, pool_pb2_grpc
+    from swerl.pool.client import PoolClient
 
     assert settings.pool_address is not None
     secret = settings.pool_auth_token or settings.auth_token
-    channel = make_channel(
-        settings.pool_address, token=secret.get_secret_value() if secret else None
-    )
-    stub = pool_pb2_grpc.PoolServiceStub(channel)
-    request = pool_pb2.RegisterNodeRequest(
-        request_id=f"register-{settings.node_id}",
-        node_id=settings.node_id,
-        address=address,
-        labels=settings.node_labels,
-    )
+    pool = PoolClient(settings.pool_address, token=secret.get_secret_value() if secret else None)
     delay_s = 0.2
     try:
         while True:
             try:
-                await stub.RegisterNode(request, timeout=30.0)
+                # One request id for every attempt: the pool answers a repeat as the first.
+                await pool.register_node(
+                    settings.node_id,
+                    address,
+                    labels=settings.node_labels,
+                    request_id=f"register-{settings.node_id}",
+                )
                 log.info("exec.registered", pool=settings.pool_address, address=address)
                 return
             except grpc.aio.AioRpcError as err:
@@ -50,4 +47,4 @@ async def register_with_pool(settings: ExecSettings, address: str) -> None:
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 5.0)
     finally:
-        await channel.close()
+        await pool.close()

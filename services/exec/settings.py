@@ -10,9 +10,21 @@ from pydantic_settings import SettingsConfigDict
 
 from swerl.chassis.settings import ServiceSettings
 
+# The node's own bounds on its work. Its client (swerl.exec.client) derives each call's deadline
+# from them, so they live here, in a module a client imports without the node's dependencies.
 # A command's timeout when its request has none (timeout 0): ExecSettings.default_timeout_s, and
 # the client's deadline for such a command (it cannot ask the node) is this plus a margin.
 DEFAULT_COMMAND_TIMEOUT_S = 180.0
+# How long GetDiff's script may run in the sandbox (swerl.exec.diff).
+DIFF_TIMEOUT_S = 120.0
+# An Evaluate's tests' limit when its request has none (swerl.exec.evaluate).
+DEFAULT_EVALUATION_TIMEOUT_S = 600.0
+# A harness bundle's build (OpenHarness on a node that lacks it, swerl.exec.bundles) runs its
+# subprocesses (the Node runtime's `pip download`, the harness's `npm install`) one after the
+# other, each bounded by this.
+HARNESS_BUILD_STEP_TIMEOUT_S = 900.0
+# A sandbox's lifetime when its request has none: ExecSettings.default_ttl_s.
+DEFAULT_SANDBOX_TTL_S = 3600.0
 
 
 class ExecSettings(ServiceSettings):
@@ -22,7 +34,9 @@ class ExecSettings(ServiceSettings):
     node_id: str = Field(default_factory=socket.gethostname, description="stable id of this node")
     max_sandboxes: int = Field(64, description="sandboxes this node hosts at once")
     state_dir: Path = Field(Path("/var/lib/swerl/exec"), description="durable store directory")
-    default_ttl_s: float = Field(3600.0, description="sandbox lifetime when a request has none")
+    default_ttl_s: float = Field(
+        DEFAULT_SANDBOX_TTL_S, description="sandbox lifetime when a request has none"
+    )
     max_ttl_s: float = Field(24 * 3600.0, description="longest lifetime a request may ask for")
     reap_interval_s: float = Field(5.0, description="how often expired sandboxes are reaped")
     orphan_grace_s: float = Field(

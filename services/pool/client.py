@@ -1,16 +1,23 @@
-"""Async client of the pool and of a leased sandbox's node: what the agent service and tools use.
+"""Async client of the pool: leases (acquire, keep alive, fork, release), and the pool's nodes
+and images as the pool sees them. What the agent service, the exec nodes and the tools use.
 
     pool = PoolClient("head:18090", token=TOKEN)
     async with pool.lease("swerl-examples/x:latest", owner="agent-3/ep-17") as lease:
-        result = await lease.run("git status")              # Exec on the node, token attached
+        node = SandboxClient.for_lease(lease)               # swerl.exec.client: the node's seam
+        result = await node.run(lease.sandbox_id, "git status")
         if lease.lost.is_set(): ...                          # the pool reported the lease lost
     await pool.close()
 
 The lease context renews the lease over one KeepAlive stream in the background (reconnecting
-with backoff while the pool restarts, and meanwhile renewing the sandbox on its node directly, so
-a slow pool restart costs no lease), watches for `lost`, and releases the lease on exit, even
-when the body is cancelled. Calls are retried only where idempotent: AcquireLease and
-ReleaseLease carry a request_id, KeepAlive renewals are naturally idempotent.
+with backoff while the pool restarts, and meanwhile renewing the sandbox on its node directly
+through the holder's own connection to it, so a slow pool restart costs no lease), watches for
+`lost`, and releases the lease on exit, even when the body is cancelled. Calls are retried only
+where idempotent: AcquireLease and ReleaseLease carry a request_id, KeepAlive renewals are
+naturally idempotent.
+
+This client speaks only the pool's contract: a lease tells its holder where its sandbox is and
+with which token (`Lease.node_address`, `Lease.token`); talking to that node is the exec node's
+client's job (swerl.exec.client), which this module never imports.
 """
 
 from __future__ import annotations
@@ -20,18 +27,14 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
 
-from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.chassis.client import make_channel
 from swerl.chassis.retry import async_retrying
 from swerl.chassis.timeconv import duration_pb
-from swerl.exec.client import NODE_CHANNEL_OPTIONS, ExecResult, SandboxClient
-from swerl.exec.v1 import evaluate_pb2_grpc
-from swerl.exec.v1 import sandbox_pb2 as exec_pb
 from swerl.pool import placement
 from swerl.pool.model import NodeState
 from swerl.pool.v1 import pool_pb2 as pb
@@ -77,16 +80,33 @@ def sandbox_spec(
     pids: int = 0,
     labels: Mapping[str, str] | None = None,
 ) -> pb.SandboxSpec:
-    return pb.SandboxSpec(
-        workdir=workdir or "",
-        env=dict(env or {}),
-        resources=exec_pb.Resources(cpus=cpus, memory_bytes=memory_bytes, pids=pids),
-        labels=dict(labels or {}),
-    )
+    spec = pb.SandboxSpec(workdir=workdir or "", env=dict(env or {}), labels=dict(labels or {}))
+    # The limits are the exec node's own message (the pool's contract embeds it): set in place.
+    spec.resources.SetInParent()
+    spec.resources.cpus, spec.resources.memory_bytes, spec.resources.pids = cpus, memory_bytes, pids
+    return spec
+
+
+class NodeConnection(Protocol):
+    """A lease holder's own connection to the lease's node (`swerl.exec.client.SandboxClient`,
+    made by its `for_lease`, is one). Attached to the lease (`Lease.attach_node`), it is how the
+    sandbox stays alive on its node while the pool is away, and it is closed with the lease."""
+
+    async def hold_sandbox(self, sandbox_id: str, hold_s: float) -> float:
+        """Keeps the sandbox on the node at least `hold_s` more seconds (never shortening what
+        the node has) and returns its expiry there, epoch seconds; NOT_FOUND when the node no
+        longer has it."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 class Lease:
-    """A held lease: where its sandbox is, clients for it, and whether it is still alive."""
+    """A held lease: where its sandbox is, with which token, and whether it is still alive.
+
+    Its holder reaches the sandbox's node with the node's client (`SandboxClient.for_lease`),
+    which attaches itself here: while the pool is away the lease's sandbox is renewed on the
+    node through it. A lease no connection is attached to is renewed by the pool alone."""
 
     def __init__(
         self, pool: PoolClient, message: pb.Lease, *, ttl_s: float, keepalive_interval_s: float
@@ -107,24 +127,17 @@ class Lease:
         # What the node is renewed by while the pool is away (ttl_s, or the pool's default).
         self.hold_s = ttl_s or max(1.0, self.expire_time - time.time())
         self.interval_s = keepalive_interval_s
-        self.channel = make_channel(
-            self.node_address,
-            token=pool.token,
-            tls_ca_file=pool.tls_ca_file,
-            metadata_provider=self._token_metadata,
-            extra_options=NODE_CHANNEL_OPTIONS,
-        )
-        self.sandbox = SandboxClient(self.channel)
-        self.evaluate = evaluate_pb2_grpc.EvaluateServiceStub(self.channel)
+        # The node takes the credentials the pool does (one deployment, one bearer token and CA).
+        self.auth_token = pool.token
+        self.tls_ca_file = pool.tls_ca_file
+        self.node: NodeConnection | None = None
         self.next_renew = 0.0  # monotonic time of its next renewal
         self._released = False
 
-    def _token_metadata(self) -> list[tuple[str, str]]:
-        return [(LEASE_TOKEN_METADATA_KEY, self.token)] if self.token else []
-
-    async def run(self, command: str, **kwargs: Any) -> ExecResult:
-        """Runs one command in the lease's sandbox (see SandboxClient.run)."""
-        return await self.sandbox.run(self.sandbox_id, command, **kwargs)
+    def attach_node(self, node: NodeConnection) -> None:
+        """Makes `node` the lease's connection to its node: the sandbox is renewed through it
+        while the pool is away, and it is closed when the lease is released."""
+        self.node = node
 
     def raise_if_lost(self) -> None:
         if self.lost.is_set():
@@ -141,7 +154,7 @@ class Lease:
         self.expire_time = _ts(expiry.expire_time)
 
     async def release(self) -> bool:
-        """Releases the lease (idempotent) and closes its node channel."""
+        """Releases the lease (idempotent) and closes its node connection."""
         self._pool._keeper.remove(self.lease_id)
         existed = False
         if not self._released:
@@ -149,7 +162,8 @@ class Lease:
             try:
                 existed = await self._pool.release(self.lease_id)
             finally:
-                await self.channel.close()
+                if self.node is not None:
+                    await self.node.aclose()
         return existed
 
 
@@ -276,23 +290,12 @@ class _Keeper:
             await asyncio.sleep(max(0.05, wait))
 
     async def _renew_on_node(self, lease: Lease) -> None:
-        stub = lease.sandbox.stub
+        node = lease.node
+        if node is None:  # Its holder holds no connection to the node: the pool renews it.
+            return
         try:
-            got = await stub.GetSandbox(
-                exec_pb.GetSandboxRequest(sandbox_id=lease.sandbox_id), timeout=5.0
-            )
-            node_expire = _ts(got.sandbox.expire_time)
             # Only ever later: the pool may have set the node's expiry further than our TTL.
-            if node_expire < time.time() + lease.hold_s:
-                renewed = await stub.RenewSandbox(
-                    exec_pb.RenewSandboxRequest(
-                        request_id=uuid.uuid4().hex,
-                        sandbox_id=lease.sandbox_id,
-                        ttl=duration_pb(lease.hold_s),
-                    ),
-                    timeout=5.0,
-                )
-                node_expire = _ts(renewed.sandbox.expire_time)
+            node_expire = await node.hold_sandbox(lease.sandbox_id, lease.hold_s)
             # The node keeps the sandbox that long: the lease is not given up before then.
             lease.expire_time = max(lease.expire_time, node_expire)
         except grpc.aio.AioRpcError as err:
@@ -561,10 +564,16 @@ class PoolClient:
         )
         return await self.stub.Prewarm(request, timeout=self.call_timeout_s)
 
-    async def prefetch_images(self, images: Sequence[str]) -> list[pb.ImagePrefetch]:
+    async def prefetch_images(
+        self, images: Sequence[str], *, retry: bool = True
+    ) -> list[pb.ImagePrefetch]:
         """PrefetchImages: starts pulls of `images` on their home nodes (naturally idempotent,
-        so retried while the pool is unreachable)."""
+        so retried while the pool is unreachable). `retry=False`: one attempt, for a caller
+        whose next call repeats the advice anyway (the trainer's prefetcher)."""
         request = pb.PrefetchImagesRequest(request_id=uuid.uuid4().hex, images=list(images))
+        if not retry:
+            response = await self.stub.PrefetchImages(request, timeout=self.call_timeout_s)
+            return list(response.images)
         async for attempt in async_retrying():
             with attempt:
                 response = await self.stub.PrefetchImages(request, timeout=self.call_timeout_s)
@@ -587,9 +596,12 @@ class PoolClient:
         *,
         capacity: int = 0,
         labels: Mapping[str, str] | None = None,
+        request_id: str | None = None,
     ) -> pb.Node:
+        """RegisterNode, one attempt. `request_id`: the same one on every attempt of a caller
+        that retries (a node registering at start-up), so the pool answers them as one."""
         request = pb.RegisterNodeRequest(
-            request_id=uuid.uuid4().hex,
+            request_id=request_id or uuid.uuid4().hex,
             node_id=node_id,
             address=address,
             capacity=capacity,

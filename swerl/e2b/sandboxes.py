@@ -26,6 +26,7 @@ from swerl.chassis.capability import LEASE_TOKEN_METADATA_KEY
 from swerl.chassis.client import error_info
 from swerl.e2b.procs import ProcessTable
 from swerl.e2b.settings import E2BSettings
+from swerl.exec.client import SandboxClient
 from swerl.pool.client import Lease, PoolClient, sandbox_spec
 
 log = structlog.get_logger("swerl.e2b")
@@ -47,9 +48,14 @@ class ApiError(Exception):
 
 @dataclass
 class LeaseTarget:
-    """Exec calls on a lease's sandbox, carrying the lease's current capability token."""
+    """Exec calls on a lease's sandbox, carrying the lease's current capability token, over the
+    exec node's client on the lease's node (made with the target, closed with the lease)."""
 
     lease: Lease
+    node: SandboxClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.node = SandboxClient.for_lease(self.lease)
 
     @property
     def sandbox_id(self) -> str:
@@ -57,11 +63,11 @@ class LeaseTarget:
 
     def exec_call(self, timeout_s: float) -> Any:
         metadata = ((LEASE_TOKEN_METADATA_KEY, self.lease.token),)
-        return self.lease.sandbox.stub.Exec(metadata=metadata, timeout=timeout_s)
+        return self.node.exec_call(metadata=metadata, timeout_s=timeout_s)
 
     def commands_call(self, timeout_s: float) -> Any:
         metadata = ((LEASE_TOKEN_METADATA_KEY, self.lease.token),)
-        return self.lease.sandbox.stub.ExecCommands(metadata=metadata, timeout=timeout_s)
+        return self.node.commands_call(metadata=metadata, timeout_s=timeout_s)
 
 
 @dataclass
@@ -284,6 +290,8 @@ class SandboxRegistry:
             )
         except grpc.aio.AioRpcError as err:
             raise _pool_error(err, f"snapshotting sandbox {sandbox_id}") from None
+        # Held like any lease: its sandbox is kept alive on the node while the pool is away.
+        SandboxClient.for_lease(lease)
         snapshot_id = SNAPSHOT_PREFIX + lease.lease_id
         self.snapshots[snapshot_id] = Snapshot(snapshot_id, lease, sandbox_id, sandbox.template_id)
         return self.snapshots[snapshot_id]

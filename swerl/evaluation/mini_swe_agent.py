@@ -81,6 +81,7 @@ class SwerlEnvironment(SandboxEnvironmentBase):
         )
         self._thread.start()
         self._lease: Any = None
+        self._node: Any = None  # the exec node's client on the lease's node
         self._lease_context: Any = None
         self._pool: Any = None
         try:
@@ -120,6 +121,7 @@ class SwerlEnvironment(SandboxEnvironmentBase):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     async def _open(self) -> None:
+        from swerl.exec.client import SandboxClient
         from swerl.pool.client import PoolClient
 
         self._pool = PoolClient(self.config.pool_address, token=self.config.token)
@@ -131,6 +133,7 @@ class SwerlEnvironment(SandboxEnvironmentBase):
             workdir=self.config.cwd,
         )
         self._lease = await self._lease_context.__aenter__()
+        self._node = SandboxClient.for_lease(self._lease)
 
     async def _close(self) -> None:
         try:
@@ -151,7 +154,8 @@ class SwerlEnvironment(SandboxEnvironmentBase):
         self._lease.raise_if_lost()
         env = {k: v for k in self.config.forward_env if (v := os.environ.get(k)) is not None}
         env.update(self.config.env)
-        return await self._lease.run(
+        return await self._node.run(
+            self._lease.sandbox_id,
             command,
             cwd=cwd,
             env=env,

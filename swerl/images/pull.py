@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,8 @@ import tenacity
 
 from swerl.chassis.client import error_info, make_channel
 from swerl.chassis.retry import async_retrying
+from swerl.exec.client import ENSURE_IMAGES_TIMEOUT_S, SandboxClient
 from swerl.exec.v1 import sandbox_pb2 as pb
-from swerl.exec.v1 import sandbox_pb2_grpc
 from swerl.pool.model import NodeState
 
 # Per-image failure reasons (ImagePullResult.reason) worth another attempt.
@@ -186,7 +185,7 @@ class ImagePuller:
         retries: int = 3,
         initial_wait_s: float = 1.0,
         max_wait_s: float = 30.0,
-        call_timeout_s: float = 3600.0,
+        call_timeout_s: float = ENSURE_IMAGES_TIMEOUT_S,
         on_progress: Callable[[NodeProgress, str], None] | None = None,
     ) -> None:
         self.token = token
@@ -225,17 +224,17 @@ class ImagePuller:
 
     async def _pull_node(self, node: NodeProgress, images: list[str]) -> None:
         channel = make_channel(node.address, token=self.token)
-        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        client = SandboxClient(channel)
         try:
             for start in range(0, len(images), self.batch_size):
-                await self._pull_batch(stub, node, images[start : start + self.batch_size])
+                await self._pull_batch(client, node, images[start : start + self.batch_size])
                 if node.error:
                     return
         finally:
             await channel.close()
 
     async def _pull_batch(
-        self, stub: sandbox_pb2_grpc.SandboxServiceStub, node: NodeProgress, batch: list[str]
+        self, client: SandboxClient, node: NodeProgress, batch: list[str]
     ) -> None:
         pending = list(batch)
         retried: dict[str, Failure] = {}
@@ -243,7 +242,7 @@ class ImagePuller:
             async for attempt in self._policy():
                 with attempt:
                     node.attempts += 1
-                    await self._ensure(stub, node, pending)
+                    await self._ensure(client, node, pending)
                     pending = [
                         image
                         for image in pending
@@ -264,16 +263,14 @@ class ImagePuller:
                     node.failed.setdefault(image, Failure("NODE_FAILED", node.error))
             self.on_progress(node, "")
 
-    async def _ensure(
-        self, stub: sandbox_pb2_grpc.SandboxServiceStub, node: NodeProgress, images: list[str]
-    ) -> None:
-        request = pb.EnsureImagesRequest(
-            request_id=uuid.uuid4().hex,
-            images=images,
+    async def _ensure(self, client: SandboxClient, node: NodeProgress, images: list[str]) -> None:
+        responses = client.ensure_images(
+            images,
             mirror_prefix=self.mirror_prefix,
             concurrency=self.concurrency,
+            timeout_s=self.call_timeout_s,
         )
-        async for response in stub.EnsureImages(request, timeout=self.call_timeout_s):
+        async for response in responses:
             if response.WhichOneof("kind") != "result":
                 continue
             result = response.result
@@ -313,13 +310,13 @@ async def coverage(
 
     async def one(address: str) -> NodeCoverage:
         channel = make_channel(address, token=token)
-        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        client = SandboxClient(channel)
         result = NodeCoverage(address)
         try:
             async for attempt in async_retrying(max_attempts=3):
                 with attempt:
-                    info = await stub.GetNodeInfo(pb.GetNodeInfoRequest(), timeout=30)
-                    listed = await stub.ListImages(pb.ListImagesRequest(), timeout=60)
+                    info = await client.node_info()
+                    listed = await client.list_images()
         except grpc.RpcError as exc:
             reason = error_info(exc)[0] or exc.code().name
             result.error = f"{reason}: {exc.details()}"
@@ -327,7 +324,7 @@ async def coverage(
         finally:
             await channel.close()
         result.node_id = info.node_id
-        tags = {canonical_image(tag) for image in listed.images for tag in image.repo_tags}
+        tags = {canonical_image(tag) for image in listed for tag in image.repo_tags}
         for image in images:
             if canonical_image(image) in tags:
                 result.present += 1

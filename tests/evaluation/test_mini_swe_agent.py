@@ -4,7 +4,6 @@ solves a bundled task in a sandbox leased from a real pool, through the exec nod
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 
@@ -13,8 +12,8 @@ os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 from minisweagent.agents.default import DefaultAgent
 from minisweagent.models.test_models import DeterministicModel, make_output
 
-from swerl.chassis.timeconv import duration_pb
 from swerl.evaluation.mini_swe_agent import SwerlEnvironment, sb_environment
+from swerl.exec.client import SandboxClient
 from swerl.exec.v1 import evaluate_pb2
 from swerl.pool.client import PoolClient
 from swerl.stack import local_stack
@@ -107,18 +106,12 @@ async def test_default_agent_with_a_scripted_model_solves_a_bundled_task(task, t
         pool = PoolClient(stack.pool_address, token=stack.token)
         try:
             async with pool.lease(task.image_name, owner="grader") as lease:
-                request = evaluate_pb2.EvaluateRequest(
-                    request_id=uuid.uuid4().hex,
+                report = await SandboxClient.for_lease(lease).evaluation_report(
+                    instance_to_pb(task.instance),
+                    submission.encode(),
                     sandbox_id=lease.sandbox_id,
-                    instance=instance_to_pb(task.instance),
-                    patch=submission.encode(),
-                    timeout=duration_pb(300),
-                    omit_logs=True,
+                    timeout_s=300,
                 )
-                report = None
-                async for message in lease.evaluate.Evaluate(request, timeout=400):
-                    if message.WhichOneof("kind") == "report":
-                        report = message.report
         finally:
             await pool.close()
         assert report is not None

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from testkit.pool import Cluster
 
+from swerl.exec.client import SandboxClient
 from swerl.pool.client import PoolClient
 from swerl.pool.settings import PoolSettings
 from swerl.pool.v1 import pool_pb2 as pb
@@ -136,17 +137,23 @@ async def test_killed_and_restarted_pool_loses_no_lease(cluster, pool, base_imag
         pool.lease(base_image, owner="h1", ttl_s=ttl_s) as one,
         pool.lease(base_image, owner="h2", ttl_s=ttl_s) as two,
     ):
+        nodes = {
+            one.lease_id: SandboxClient.for_lease(one),
+            two.lease_id: SandboxClient.for_lease(two),
+        }
         cluster.pool.kill()
         await asyncio.sleep(1.0)
         # Commands never pass through the pool: they keep running while it is away.
-        assert (await one.run("echo during")).stdout == b"during\n"
+        during = await nodes[one.lease_id].run(one.sandbox_id, "echo during")
+        assert during.stdout == b"during\n"
         cluster.pool.start()
         await asyncio.to_thread(cluster.wait_healthy, len(cluster.nodes))
         # Well past the TTL: only renewals over reconnected KeepAlive streams keep them alive.
         await asyncio.sleep(ttl_s * 1.2)
         for lease in (one, two):
             assert not lease.lost.is_set(), lease.lost_reason
-            assert (await lease.run("echo after")).stdout == b"after\n"
+            after = await nodes[lease.lease_id].run(lease.sandbox_id, "echo after")
+            assert after.stdout == b"after\n"
         listed = {x.lease_id: x for x in await pool.list_leases()}
         assert listed[one.lease_id].state == pb.LEASE_STATE_ACTIVE
         assert listed[two.lease_id].sandbox_id == two.sandbox_id
@@ -157,19 +164,21 @@ async def test_a_pool_away_longer_than_the_ttl_loses_no_lease(cluster, pool, bas
     # on the nodes meanwhile, and the restarted pool adopts them with that expiry.
     ttl_s = 4.0
     async with pool.lease(base_image, owner="h1", ttl_s=ttl_s) as one:
+        # The holder's connection to the node, through which it renews there meanwhile.
+        node = SandboxClient.for_lease(one)
         cluster.pool.kill()
         # Past the nodes' own expiry (TTL + the pool's 2 s slack) had nobody renewed there.
         await asyncio.sleep(ttl_s * 2.5)
         assert container_exists(one.sandbox_id)
         assert not one.lost.is_set(), one.lost_reason
-        assert (await one.run("echo away")).stdout == b"away\n"
+        assert (await node.run(one.sandbox_id, "echo away")).stdout == b"away\n"
         cluster.pool.start()
         await asyncio.to_thread(cluster.wait_healthy, len(cluster.nodes))
         # Past the adoption's reconnect grace and a TTL more: only renewals over the
         # reconnected stream keep it now.
         await asyncio.sleep(PoolSettings.model_fields["adopt_grace_s"].default + ttl_s * 1.5)
         assert not one.lost.is_set(), one.lost_reason
-        assert (await one.run("echo after")).stdout == b"after\n"
+        assert (await node.run(one.sandbox_id, "echo after")).stdout == b"after\n"
         listed = {x.lease_id: x for x in await pool.list_leases()}
         assert listed[one.lease_id].state == pb.LEASE_STATE_ACTIVE
 

@@ -34,7 +34,7 @@ def node_client(stack, address: str, token: str | None) -> tuple[grpc.aio.Channe
 
 async def test_lease_runs_commands_and_is_released_on_exit(stack, pool, base_image):
     async with pool.lease(base_image, owner="t", instance_id="i-1") as lease:
-        result = await lease.run("echo hello")
+        result = await SandboxClient.for_lease(lease).run(lease.sandbox_id, "echo hello")
         assert (result.exit_code, result.stdout) == (0, b"hello\n")
         listed = await pool.list_leases(owner="t")
         assert [x.lease_id for x in listed] == [lease.lease_id]
@@ -137,7 +137,8 @@ async def test_keepalive_renews_past_the_ttl_with_fresh_tokens(stack, pool, base
         assert not lease.lost.is_set()
         assert lease.token != first_token
         assert lease.expire_time > time.time()
-        assert (await lease.run("echo still")).stdout == b"still\n"
+        node = SandboxClient.for_lease(lease)
+        assert (await node.run(lease.sandbox_id, "echo still")).stdout == b"still\n"
 
 
 async def test_holder_hears_at_once_when_its_lease_is_taken_away(stack, pool, base_image):
@@ -164,7 +165,8 @@ async def test_warm_spare_is_bound_to_the_lease_on_its_node(stack, pool, base_im
         await asyncio.sleep(0.1)
     async with pool.lease(base_image, owner="warm") as lease:
         assert lease.from_warm_spare
-        assert (await lease.run("echo warm")).stdout == b"warm\n"
+        node = SandboxClient.for_lease(lease)
+        assert (await node.run(lease.sandbox_id, "echo warm")).stdout == b"warm\n"
         node = next(n for n in stack.nodes if f"127.0.0.1:{n.port}" == lease.node_address)
         listed = node.manager.get(lease.sandbox_id)
         assert (listed.lease_id, listed.owner) == (lease.lease_id, "warm")
