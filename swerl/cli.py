@@ -181,7 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--base-image", default=base_image, help="base image for task images")
     validate.add_argument("--no-build", action="store_true", help="do not build task images")
     validate.add_argument("--concurrency", type=int, default=2, help="evaluations at once")
-    validate.add_argument("--timeout", type=float, default=600.0, help="test timeout, seconds")
+    from swerl.exec.settings import DEFAULT_EVALUATION_TIMEOUT_S
+
+    validate.add_argument(
+        "--timeout", type=float, default=DEFAULT_EVALUATION_TIMEOUT_S, help="test timeout, seconds"
+    )
     validate.set_defaults(handler=_validate)
 
     demo = services.add_parser("demo", help="a local tour on the embedded defaults")
