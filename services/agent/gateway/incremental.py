@@ -8,7 +8,8 @@ keep each call's Python work proportional to its new messages:
   the messages whose JSON lies wholly in the common prefix are taken from the previous decode,
   and only the bytes after them are decoded.
 - MessageMemo: a raw message that is the very object of the previous request (so it came from
-  that byte-identical prefix) keeps its converted message(s) and match key(s).
+  that byte-identical prefix) keeps its converted message(s) and match key(s). Identity, not
+  equality: `{"flag": true}` and `{"flag": 1}` are equal Python dicts and render differently.
 - DigestMemo: the rolling digests of an unchanged key prefix are kept.
 
 Each cache holds one immutable snapshot, swapped whole at the end of a read: two calls of one
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -211,11 +213,28 @@ def _byte_offsets(text: str, start: int, ends: Sequence[int]) -> list[int]:
 Group = list[tuple[dict[str, Any], bytes]]
 
 
-def _common(old: Sequence[Any], new: Sequence[Any]) -> int:
-    """How many leading items of `new` are the very items of `old`. The whole of `old` is tried
-    first with one list comparison (a C loop that takes identical items at once)."""
+def _common(old: Sequence[bytes], new: Sequence[bytes]) -> int:
+    """How many leading keys of `new` equal those of `old` (bytes: equal means the same bytes).
+    The whole of `old` is tried first with one list comparison (a C loop that takes identical
+    items at once)."""
     n = len(old)
     if n <= len(new) and new[:n] == old:
+        return n
+    k = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        k += 1
+    return k
+
+
+def _same_objects(old: Sequence[Any], new: Sequence[Any]) -> int:
+    """How many leading items of `new` are the very objects of `old` (identity, never `==`:
+    decoded JSON values that JSON tells apart compare equal in Python, `True == 1 == 1.0`,
+    `0.0 == -0.0`, dicts whatever their key order; only BodyReader's reuse of a byte-identical
+    prefix hands the same objects back)."""
+    n = len(old)
+    if n <= len(new) and all(map(operator.is_, old, new)):
         return n
     k = 0
     for a, b in zip(old, new, strict=False):
@@ -242,7 +261,7 @@ class MessageMemo:
         self, raw_messages: Sequence[Any], one: Callable[[Any, int], Group]
     ) -> tuple[list[dict[str, Any]], list[bytes]]:
         old_raw, old_messages, old_keys, old_starts = self._state
-        k = _common(old_raw, raw_messages)
+        k = _same_objects(old_raw, raw_messages)
         messages, keys, starts = (
             old_messages[: old_starts[k]],
             old_keys[: old_starts[k]],

@@ -6,7 +6,8 @@ parsed arguments, `tool_call_id`); OpenAI `developer` messages become `system`, 
 `tool_result` blocks become `tool` messages, Anthropic tools become function tools, so one
 session may even mix the two protocols. A message's key is its canonical JSON without the parts a
 client may drop or rewrite when it echoes the model's own turn (reasoning, tool-call ids): the
-session finds the recorded call a request continues by these keys.
+session finds the recorded call a request continues by these keys, so a key tells apart every two
+messages the template renders differently from what the key holds (JSON's types, key order).
 
 Every refusal is a MalformedRequest naming the field, in the protocol's own field path.
 """
@@ -59,7 +60,10 @@ class Conversation:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    """The value's JSON, keys in the client's order: the chat template writes tools and tool-call
+    arguments with `tojson`, which keeps that order, so two orders are two prompts. JSON's own
+    distinctions hold (`true`, `1`, `1.0`, `"1"` and `-0.0` are five keys)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def message_key(message: Mapping[str, Any]) -> bytes:
