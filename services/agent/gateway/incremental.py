@@ -296,5 +296,8 @@ class DigestMemo:
 
 
 def roll(previous: bytes, key: bytes) -> bytes:
-    """The digest of a message list from its prefix's digest and the next message's key."""
-    return hashlib.blake2b(previous + key, digest_size=16).digest()
+    """The digest of a message list from its prefix's digest and the next message's key (fed
+    in two parts, the digest of their concatenation without copying a long key)."""
+    digest = hashlib.blake2b(previous, digest_size=16)
+    digest.update(key)
+    return digest.digest()

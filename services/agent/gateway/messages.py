@@ -50,6 +50,8 @@ class Conversation:
     keys: list[bytes] = field(default_factory=list)
     # Rolling digests of tools + messages (chain_digests), when the reader computed them.
     digests: list[bytes] = field(default_factory=list)
+    # The request body's size (set by the reader): what rendering it whole may cost.
+    body_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -104,6 +106,7 @@ class ConversationReader:
         for bad JSON and MalformedRequest for a bad field."""
         conv = self._conversation(self.body.decode(raw), self.memo)
         conv.digests = self.digests.digests(conv.tools_key(), conv.keys)
+        conv.body_bytes = len(raw)
         return conv
 
 
