@@ -30,6 +30,7 @@ from swerl.agent.gateway.errors import (
     PolicyDown,
     RouteMissing,
 )
+from swerl.agent.gateway.incremental import NestedTooDeep
 from swerl.agent.gateway.messages import (
     Conversation,
     ConversationReader,
@@ -88,6 +89,14 @@ ANTHROPIC = _Protocol(
 def _read(reader: ConversationReader, raw: bytes) -> Conversation:
     try:
         return reader.read(raw)
+    except NestedTooDeep as err:
+        raise MalformedRequest(str(err), param="body") from err
+    except UnicodeEncodeError as err:  # JSON's "\ud800" escape decodes to no UTF-8 text
+        raise MalformedRequest(
+            f"the request holds a lone surrogate escape ({err.object[err.start : err.end]!a}),"
+            " which is not text",
+            param="body",
+        ) from err
     except ValueError as err:
         raise MalformedRequest(f"the request body is not valid JSON: {err}", param="body") from err
 

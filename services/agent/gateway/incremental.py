@@ -35,6 +35,14 @@ class _Unparsed(Exception):
     """The incremental parser declines this body (json.loads decides)."""
 
 
+class NestedTooDeep(ValueError):
+    """The body nests arrays and objects deeper than the JSON decoder goes (Python's recursion
+    limit, ~1,000 levels): refused as a bad body, not a failure of the gateway."""
+
+    def __init__(self) -> None:
+        super().__init__("the request body nests arrays or objects too deeply")
+
+
 def _skip(text: str, pos: int) -> int:
     match = _WS.match(text, pos)
     assert match is not None
@@ -79,7 +87,13 @@ class BodyReader:
         except (_Unparsed, UnicodeDecodeError):
             # The previous body stays the reference: one bad request spoils no later reuse.
             self.reused_messages = 0
-            return json.loads(raw)  # the reference answer, or its error
+            try:
+                return json.loads(raw)  # the reference answer, or its error
+            except RecursionError as err:
+                raise NestedTooDeep from err
+        except RecursionError as err:
+            self.reused_messages = 0
+            raise NestedTooDeep from err
         self._state = state
         return body
 

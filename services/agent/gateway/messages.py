@@ -26,6 +26,9 @@ from swerl.agent.gateway.incremental import BodyReader, DigestMemo, Group, Messa
 Message = dict[str, Any]
 
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+# How deep tool arguments and tool schemas may nest: the template writes them with `tojson`
+# inside its own frames, and a value near Python's recursion limit fails there, not here.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass
@@ -160,15 +163,36 @@ def _stream(body: Mapping[str, Any]) -> bool:
     return stream
 
 
+def _shallow(value: Any, where: str) -> Any:
+    """`value` when it nests at most MAX_JSON_DEPTH levels; else a MalformedRequest naming it.
+    Iterative (a deep value must not exhaust the stack that checks it) and stops at the limit."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+        if not below:
+            return value
+        level = below
+    raise MalformedRequest(
+        f"{where} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep", param=where
+    )
+
+
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
+        except RecursionError as err:
+            raise MalformedRequest(f"{where} nests too deeply to decode", param=where) from err
         except ValueError as err:
             raise MalformedRequest(f"{where} is not valid JSON: {err}", param=where) from err
     if not isinstance(raw, dict):
         raise MalformedRequest(f"{where} must be a JSON object", param=where)
-    return raw
+    return _shallow(raw, where)  # type: ignore[no-any-return]
 
 
 def _text_parts(content: Any, where: str, *, text_type: str = "text") -> str:
@@ -274,7 +298,7 @@ def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             raise MalformedRequest(
                 f"tools[{k}] must be a function tool with function.name", param=f"tools[{k}]"
             )
-        tools.append({"type": "function", "function": function})
+        tools.append({"type": "function", "function": _shallow(function, f"tools[{k}]")})
     choice = body.get("tool_choice")
     if choice == "none":
         return None
@@ -336,7 +360,8 @@ def _anthropic_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = tool["description"]
-        function["parameters"] = tool.get("input_schema") or {"type": "object"}
+        schema = tool.get("input_schema") or {"type": "object"}
+        function["parameters"] = _shallow(schema, f"tools.{k}.input_schema")
         tools.append({"type": "function", "function": function})
     choice = body.get("tool_choice")
     if isinstance(choice, dict) and choice.get("type") == "none":
