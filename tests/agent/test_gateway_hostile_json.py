@@ -31,9 +31,8 @@ def _openai_deep_field() -> bytes:
 
 
 def _anthropic_deep_content() -> bytes:
-    return (
-        '{"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": %s}]}' % DEEP
-    ).encode()
+    head = json.dumps({"model": "m", "max_tokens": 16, "messages": []})[: -len("]}")]
+    return (head + f'{{"role": "user", "content": {DEEP}}}]}}').encode()
 
 
 @pytest.mark.parametrize("reused_prefix", [False, True])
