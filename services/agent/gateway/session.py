@@ -22,6 +22,9 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import jinja2
+
+from swerl.agent.errors import TokenizerUnavailable
 from swerl.agent.gateway.errors import (
     BadSecret,
     ContextTooLong,
@@ -51,6 +54,24 @@ from swerl.agent.tokens import ChatCodec, TokenRecordData
 
 T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 4096
+# apply_chat_template's own parameters that the gateway sets itself or that change what it
+# returns: as template kwargs they would collide with the gateway's call or break its rendering.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 DEFAULT_MODEL = "swerl-policy"
 
 
@@ -90,6 +111,13 @@ class SessionSpec:
             )
         if self.max_context_tokens < 0 or self.max_new_tokens < 0:
             raise InvalidSessionSpec("limits must not be negative", field="max_context_tokens")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(self.template_kwargs))
+        if reserved:
+            raise InvalidSessionSpec(
+                f"template_kwargs may not set {', '.join(reserved)}: the gateway's rendering"
+                " sets them itself",
+                field="template_kwargs",
+            )
         if self.artifact_dir and not self.artifact_dir.startswith("/"):
             raise InvalidSessionSpec(
                 "artifact_dir must be an absolute path on the agent's host", field="artifact_dir"
@@ -253,7 +281,21 @@ class SessionStore:
                 f"this agent holds {open_now} open sessions (its limit)", limit=self._max_sessions
             )
         parser = output_parser(spec.tool_call_parser, spec.reasoning_parser)
-        codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
+        try:
+            codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
+        except jinja2.TemplateError as err:
+            # A template that does not parse, raises (`raise_exception`), or reads an
+            # undefined name: the spec's tokenizer cannot render, in the template's own words.
+            where = (
+                f" with template_kwargs {dict(spec.template_kwargs)}"
+                if spec.template_kwargs
+                else ""
+            )
+            raise TokenizerUnavailable(
+                f"the chat template of {spec.tokenizer_path!r} fails{where}:"
+                f" {type(err).__name__}: {err}",
+                tokenizer_path=spec.tokenizer_path,
+            ) from err
         renderer = Renderer(codec)
         if spec.max_context_tokens:
             # The size bound's measure, in the large lane: before any large call, after none.
