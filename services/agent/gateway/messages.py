@@ -283,7 +283,7 @@ def _openai_message(raw: Any, i: int) -> Message:
 def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     raw = body.get("tools")
     if raw is None:
-        return None
+        raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools must be a list", param="tools")
     tools = []
@@ -300,13 +300,45 @@ def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             )
         tools.append({"type": "function", "function": _shallow(function, f"tools[{k}]")})
     choice = body.get("tool_choice")
+    if choice is None:
+        return tools or None
+    if not tools:  # OpenAI's own refusal, whatever the choice
+        raise MalformedRequest(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
+            " specified.",
+            param="tool_choice",
+        )
     if choice == "none":
         return None
-    if choice not in (None, "auto", "required") and not (
-        isinstance(choice, dict) and choice.get("type") == "function"
-    ):
+    if choice == "auto":
+        return tools
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if choice != "required" and not named:
         raise MalformedRequest(f"tool_choice {choice!r} is not supported", param="tool_choice")
-    return tools or None
+    if named:
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if not isinstance(name, str) or not name:
+            raise MalformedRequest(
+                "tool_choice.function.name: a non-empty string is required",
+                param="tool_choice.function.name",
+            )
+        declared = {tool["function"]["name"] for tool in tools}
+        if name not in declared:
+            raise MalformedRequest(
+                f"Invalid value for 'tool_choice': function {name!r} is not one of the"
+                " functions in 'tools'.",
+                param="tool_choice",
+            )
+    raise MalformedRequest(_FORCED_CHOICE, param="tool_choice")
+
+
+# A choice that forces a tool call: the policy's /generate is not constrained to one, so the
+# call is refused rather than answered with text the harness did not allow.
+_FORCED_CHOICE = (
+    "tool_choice that forces a tool call (OpenAI 'required' or a named function, Anthropic"
+    " 'any' or 'tool') cannot be honoured: this gateway does not constrain the policy's"
+    " generation to a tool call; use 'auto' (or 'none')"
+)
 
 
 def _keyed(messages: list[Message]) -> Group:
@@ -350,7 +382,7 @@ def openai_conversation(body: Any, memo: MessageMemo | None = None) -> Conversat
 def _anthropic_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     raw = body.get("tools")
     if raw is None:
-        return None
+        raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools: Input should be a valid list", param="tools")
     tools = []
@@ -364,13 +396,33 @@ def _anthropic_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         function["parameters"] = _shallow(schema, f"tools.{k}.input_schema")
         tools.append({"type": "function", "function": function})
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "none":
+    if choice is None:
+        return tools or None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise MalformedRequest(
+            f"tool_choice: Input tag {kind!r} found using 'type' does not match any of the"
+            " expected tags: 'auto', 'any', 'tool', 'none'",
+            param="tool_choice",
+        )
+    if not tools:  # Anthropic's own refusal
+        raise MalformedRequest(
+            "tool_choice may only be specified while providing tools.", param="tool_choice"
+        )
+    if kind == "none":
         return None
-    if choice is not None and not (
-        isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool")
-    ):
-        raise MalformedRequest(f"tool_choice {choice!r} is not supported", param="tool_choice")
-    return tools or None
+    if kind == "auto":
+        return tools
+    if kind == "tool":
+        name = choice.get("name") if isinstance(choice, dict) else None
+        if not isinstance(name, str) or not name:
+            raise MalformedRequest("tool_choice.name: Field required", param="tool_choice.name")
+        if name not in {tool["function"]["name"] for tool in tools}:
+            raise MalformedRequest(
+                f"tool_choice.name: Tool {name!r} not found in provided tools",
+                param="tool_choice.name",
+            )
+    raise MalformedRequest(_FORCED_CHOICE, param="tool_choice")
 
 
 def _anthropic_user(content: Any, where: str) -> list[Message]:
