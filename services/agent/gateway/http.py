@@ -221,7 +221,10 @@ class GatewayApp:
         return web.json_response(openai_api.model_entry(session.spec.model, session.opened))
 
     async def _unknown(self, request: web.Request) -> web.Response:
-        protocol = ANTHROPIC if request.path.endswith("/messages") else OPENAI
+        # Both protocols live under /s/<session>/v1: Anthropic's SDKs say who they are with
+        # `anthropic-version`, and /v1/messages/... (count_tokens, batches) is Anthropic's.
+        anthropic = "anthropic-version" in request.headers or "/v1/messages" in request.path
+        protocol = ANTHROPIC if anthropic else OPENAI
         error = RouteMissing(f"no route {request.method} {request.path} on the gateway")
         return _error_response(protocol, error)
 

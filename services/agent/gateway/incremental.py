@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 _WS = re.compile(r"[ \t\n\r]*")
+_BOM = b"\xef\xbb\xbf"
 _DECODER = json.JSONDecoder()
 
 
@@ -79,6 +80,10 @@ class BodyReader:
         self.reused_messages = 0  # of the last read: messages taken from the previous decode
 
     def decode(self, raw: bytes) -> Any:
+        # A UTF-8 byte order mark is no part of the JSON text (RFC 8259 lets a parser ignore
+        # it); without it the body reads, and is reused, like one sent without.
+        if raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
         try:
             resume = self._resume(raw)
             start = resume[2][-1] if resume is not None else 0

@@ -361,7 +361,10 @@ def openai_conversation(body: Any, memo: MessageMemo | None = None) -> Conversat
     if not isinstance(raw_messages, list) or not raw_messages:
         raise MalformedRequest("messages must be a non-empty list", param="messages")
     n = body.get("n")
-    if n not in (None, 1):
+    # `is`, not `in`: `true` and `1.0` compare equal to 1 in Python.
+    if n is not None and (type(n) is not int or n < 1):
+        raise MalformedRequest("n must be a positive integer", param="n")
+    if n is not None and n != 1:
         raise MalformedRequest("n: only 1 choice per request is supported", param="n")
     options = body.get("stream_options")
     messages, keys = _converted(raw_messages, lambda m, i: [_openai_message(m, i)], memo)
