@@ -286,7 +286,7 @@ def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools must be a list", param="tools")
-    tools = []
+    tools: list[dict[str, Any]] = []
     for k, tool in enumerate(raw):
         function = tool.get("function") if isinstance(tool, dict) else None
         if (
@@ -388,7 +388,7 @@ def _anthropic_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools: Input should be a valid list", param="tools")
-    tools = []
+    tools: list[dict[str, Any]] = []
     for k, tool in enumerate(raw):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise MalformedRequest(f"tools.{k}.name: Field required", param=f"tools.{k}.name")
