@@ -18,6 +18,8 @@ from swerl.agent.gateway.session import CallAnswer
 _ERRORS = {
     "invalid_request": "invalid_request_error",
     "context_length_exceeded": "invalid_request_error",
+    # Anthropic's own type for a body over its maximum size (HTTP 413).
+    "request_too_large": "request_too_large",
     "authentication": "authentication_error",
     "not_found": "not_found_error",
     "aborted": "invalid_request_error",

@@ -31,19 +31,34 @@ class MalformedRequest(GatewayError):
 
 
 class ContextTooLong(GatewayError):
-    """The rendered prompt reaches the session's context budget."""
+    """The rendered prompt reaches the session's context budget. `at_least`: the prompt was
+    refused on its size before tokenizing, and `prompt_tokens` is a lower bound."""
 
     kind = "context_length_exceeded"
 
-    def __init__(self, prompt_tokens: int, budget: int) -> None:
+    def __init__(self, prompt_tokens: int, budget: int, *, at_least: bool = False) -> None:
+        count = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
         super().__init__(
-            f"prompt is too long: {prompt_tokens} tokens >= {budget} maximum (this model's"
+            f"prompt is too long: {count} tokens >= {budget} maximum (this model's"
             f" maximum context length is {budget} tokens, your messages resulted in"
-            f" {prompt_tokens} tokens)",
+            f" {count} tokens)",
             param="messages",
         )
         self.prompt_tokens = prompt_tokens
         self.budget = budget
+
+
+class BodyTooLarge(GatewayError):
+    """The request body is over the gateway's maximum size (refused before it is read)."""
+
+    status = 413
+    kind = "request_too_large"
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(
+            f"the request body exceeds the gateway's maximum of {limit_bytes} bytes",
+            param="body",
+        )
 
 
 class BadSecret(GatewayError):

@@ -13,7 +13,6 @@ sends ends the agent: an unexpected failure is a 500 in the protocol's shape.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
@@ -24,7 +23,14 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from swerl.agent.gateway import anthropic_api, openai_api
-from swerl.agent.gateway.errors import GatewayError, MalformedRequest, PolicyDown, RouteMissing
+from swerl.agent.gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    MalformedRequest,
+    PolicyDown,
+    RouteMissing,
+)
+from swerl.agent.gateway.incremental import NestedTooDeep
 from swerl.agent.gateway.messages import (
     Conversation,
     ConversationReader,
@@ -50,6 +56,9 @@ GATEWAY_OVERHEAD = Histogram(
 
 # Bodies above this many bytes are read in the CPU pool (decoding holds the GIL).
 _INLINE_JSON_BYTES = 64 * 1024
+# The largest request body the gateway reads; a larger one is 413 in the protocol's shape,
+# refused on its Content-Length before a byte of it is read.
+MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class _Protocol:
@@ -80,6 +89,14 @@ ANTHROPIC = _Protocol(
 def _read(reader: ConversationReader, raw: bytes) -> Conversation:
     try:
         return reader.read(raw)
+    except NestedTooDeep as err:
+        raise MalformedRequest(str(err), param="body") from err
+    except UnicodeEncodeError as err:  # JSON's "\ud800" escape decodes to no UTF-8 text
+        raise MalformedRequest(
+            f"the request holds a lone surrogate escape ({err.object[err.start : err.end]!a}),"
+            " which is not text",
+            param="body",
+        ) from err
     except ValueError as err:
         raise MalformedRequest(f"the request body is not valid JSON: {err}", param="body") from err
 
@@ -104,22 +121,24 @@ class GatewayApp:
     def __init__(self, store: SessionStore, executor: Executor | None = None) -> None:
         self.store = store
         self._executor = executor
-        self.app = web.Application(client_max_size=64 * 1024 * 1024)
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES)
         self.app.router.add_post("/s/{session}/v1/chat/completions", self._chat)
         self.app.router.add_post("/s/{session}/v1/messages", self._messages)
         self.app.router.add_get("/s/{session}/v1/models", self._models)
         self.app.router.add_get("/s/{session}/v1/models/{model}", self._model)
         self.app.router.add_route("*", "/{tail:.*}", self._unknown)
 
-    async def _cpu(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
     async def _conversation(
         self, request: web.Request, session: Session, protocol: _Protocol
     ) -> Conversation:
         """The request's conversation, read by the session's reader of this protocol (decoding
         only what the previous body did not hold; in the CPU pool when the body is large)."""
-        raw = await request.read()
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise BodyTooLarge(MAX_BODY_BYTES)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as err:  # a chunked body past the maximum
+            raise BodyTooLarge(MAX_BODY_BYTES) from err
         # Reading the conversation and matching it to the tree (until the CPU pool takes the
         # rendering) is a step that waits its turn (SessionStore.turns).
         await self.store.turns.wait_turn()
@@ -127,7 +146,7 @@ class GatewayApp:
         if reader is None:
             reader = session.readers[protocol.name] = ConversationReader(protocol.conversation)
         if len(raw) > _INLINE_JSON_BYTES:
-            conv: Conversation = await self._cpu(_read, reader, raw)
+            conv: Conversation = await self.store.cpu(len(raw), _read, reader, raw)
             return conv
         return _read(reader, raw)
 
@@ -202,7 +221,10 @@ class GatewayApp:
         return web.json_response(openai_api.model_entry(session.spec.model, session.opened))
 
     async def _unknown(self, request: web.Request) -> web.Response:
-        protocol = ANTHROPIC if request.path.endswith("/messages") else OPENAI
+        # Both protocols live under /s/<session>/v1: Anthropic's SDKs say who they are with
+        # `anthropic-version`, and /v1/messages/... (count_tokens, batches) is Anthropic's.
+        anthropic = "anthropic-version" in request.headers or "/v1/messages" in request.path
+        protocol = ANTHROPIC if anthropic else OPENAI
         error = RouteMissing(f"no route {request.method} {request.path} on the gateway")
         return _error_response(protocol, error)
 

@@ -8,7 +8,8 @@ keep each call's Python work proportional to its new messages:
   the messages whose JSON lies wholly in the common prefix are taken from the previous decode,
   and only the bytes after them are decoded.
 - MessageMemo: a raw message that is the very object of the previous request (so it came from
-  that byte-identical prefix) keeps its converted message(s) and match key(s).
+  that byte-identical prefix) keeps its converted message(s) and match key(s). Identity, not
+  equality: `{"flag": true}` and `{"flag": 1}` are equal Python dicts and render differently.
 - DigestMemo: the rolling digests of an unchanged key prefix are kept.
 
 Each cache holds one immutable snapshot, swapped whole at the end of a read: two calls of one
@@ -21,16 +22,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 _WS = re.compile(r"[ \t\n\r]*")
+_BOM = b"\xef\xbb\xbf"
 _DECODER = json.JSONDecoder()
 
 
 class _Unparsed(Exception):
     """The incremental parser declines this body (json.loads decides)."""
+
+
+class NestedTooDeep(ValueError):
+    """The body nests arrays and objects deeper than the JSON decoder goes (Python's recursion
+    limit, ~1,000 levels): refused as a bad body, not a failure of the gateway."""
+
+    def __init__(self) -> None:
+        super().__init__("the request body nests arrays or objects too deeply")
 
 
 def _skip(text: str, pos: int) -> int:
@@ -69,6 +80,10 @@ class BodyReader:
         self.reused_messages = 0  # of the last read: messages taken from the previous decode
 
     def decode(self, raw: bytes) -> Any:
+        # A UTF-8 byte order mark is no part of the JSON text (RFC 8259 lets a parser ignore
+        # it); without it the body reads, and is reused, like one sent without.
+        if raw.startswith(_BOM):
+            raw = raw[len(_BOM) :]
         try:
             resume = self._resume(raw)
             start = resume[2][-1] if resume is not None else 0
@@ -77,7 +92,13 @@ class BodyReader:
         except (_Unparsed, UnicodeDecodeError):
             # The previous body stays the reference: one bad request spoils no later reuse.
             self.reused_messages = 0
-            return json.loads(raw)  # the reference answer, or its error
+            try:
+                return json.loads(raw)  # the reference answer, or its error
+            except RecursionError as err:
+                raise NestedTooDeep from err
+        except RecursionError as err:
+            self.reused_messages = 0
+            raise NestedTooDeep from err
         self._state = state
         return body
 
@@ -211,11 +232,28 @@ def _byte_offsets(text: str, start: int, ends: Sequence[int]) -> list[int]:
 Group = list[tuple[dict[str, Any], bytes]]
 
 
-def _common(old: Sequence[Any], new: Sequence[Any]) -> int:
-    """How many leading items of `new` are the very items of `old`. The whole of `old` is tried
-    first with one list comparison (a C loop that takes identical items at once)."""
+def _common(old: Sequence[bytes], new: Sequence[bytes]) -> int:
+    """How many leading keys of `new` equal those of `old` (bytes: equal means the same bytes).
+    The whole of `old` is tried first with one list comparison (a C loop that takes identical
+    items at once)."""
     n = len(old)
     if n <= len(new) and new[:n] == old:
+        return n
+    k = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        k += 1
+    return k
+
+
+def _same_objects(old: Sequence[Any], new: Sequence[Any]) -> int:
+    """How many leading items of `new` are the very objects of `old` (identity, never `==`:
+    decoded JSON values that JSON tells apart compare equal in Python, `True == 1 == 1.0`,
+    `0.0 == -0.0`, dicts whatever their key order; only BodyReader's reuse of a byte-identical
+    prefix hands the same objects back)."""
+    n = len(old)
+    if n <= len(new) and all(map(operator.is_, old, new)):
         return n
     k = 0
     for a, b in zip(old, new, strict=False):
@@ -242,7 +280,7 @@ class MessageMemo:
         self, raw_messages: Sequence[Any], one: Callable[[Any, int], Group]
     ) -> tuple[list[dict[str, Any]], list[bytes]]:
         old_raw, old_messages, old_keys, old_starts = self._state
-        k = _common(old_raw, raw_messages)
+        k = _same_objects(old_raw, raw_messages)
         messages, keys, starts = (
             old_messages[: old_starts[k]],
             old_keys[: old_starts[k]],
@@ -277,5 +315,8 @@ class DigestMemo:
 
 
 def roll(previous: bytes, key: bytes) -> bytes:
-    """The digest of a message list from its prefix's digest and the next message's key."""
-    return hashlib.blake2b(previous + key, digest_size=16).digest()
+    """The digest of a message list from its prefix's digest and the next message's key (fed
+    in two parts, the digest of their concatenation without copying a long key)."""
+    digest = hashlib.blake2b(previous, digest_size=16)
+    digest.update(key)
+    return digest.digest()

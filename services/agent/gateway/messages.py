@@ -6,7 +6,8 @@ parsed arguments, `tool_call_id`); OpenAI `developer` messages become `system`, 
 `tool_result` blocks become `tool` messages, Anthropic tools become function tools, so one
 session may even mix the two protocols. A message's key is its canonical JSON without the parts a
 client may drop or rewrite when it echoes the model's own turn (reasoning, tool-call ids): the
-session finds the recorded call a request continues by these keys.
+session finds the recorded call a request continues by these keys, so a key tells apart every two
+messages the template renders differently from what the key holds (JSON's types, key order).
 
 Every refusal is a MalformedRequest naming the field, in the protocol's own field path.
 """
@@ -25,6 +26,9 @@ from swerl.agent.gateway.incremental import BodyReader, DigestMemo, Group, Messa
 Message = dict[str, Any]
 
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+# How deep tool arguments and tool schemas may nest: the template writes them with `tojson`
+# inside its own frames, and a value near Python's recursion limit fails there, not here.
+MAX_JSON_DEPTH = 64
 
 
 @dataclass
@@ -49,6 +53,8 @@ class Conversation:
     keys: list[bytes] = field(default_factory=list)
     # Rolling digests of tools + messages (chain_digests), when the reader computed them.
     digests: list[bytes] = field(default_factory=list)
+    # The request body's size (set by the reader): what rendering it whole may cost.
+    body_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -59,7 +65,10 @@ class Conversation:
 
 
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+    """The value's JSON, keys in the client's order: the chat template writes tools and tool-call
+    arguments with `tojson`, which keeps that order, so two orders are two prompts. JSON's own
+    distinctions hold (`true`, `1`, `1.0`, `"1"` and `-0.0` are five keys)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def message_key(message: Mapping[str, Any]) -> bytes:
@@ -100,6 +109,7 @@ class ConversationReader:
         for bad JSON and MalformedRequest for a bad field."""
         conv = self._conversation(self.body.decode(raw), self.memo)
         conv.digests = self.digests.digests(conv.tools_key(), conv.keys)
+        conv.body_bytes = len(raw)
         return conv
 
 
@@ -153,15 +163,36 @@ def _stream(body: Mapping[str, Any]) -> bool:
     return stream
 
 
+def _shallow(value: Any, where: str) -> Any:
+    """`value` when it nests at most MAX_JSON_DEPTH levels; else a MalformedRequest naming it.
+    Iterative (a deep value must not exhaust the stack that checks it) and stops at the limit."""
+    level: list[Any] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+        if not below:
+            return value
+        level = below
+    raise MalformedRequest(
+        f"{where} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep", param=where
+    )
+
+
 def _arguments(raw: Any, where: str) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else {}
+        except RecursionError as err:
+            raise MalformedRequest(f"{where} nests too deeply to decode", param=where) from err
         except ValueError as err:
             raise MalformedRequest(f"{where} is not valid JSON: {err}", param=where) from err
     if not isinstance(raw, dict):
         raise MalformedRequest(f"{where} must be a JSON object", param=where)
-    return raw
+    return _shallow(raw, where)  # type: ignore[no-any-return]
 
 
 def _text_parts(content: Any, where: str, *, text_type: str = "text") -> str:
@@ -252,10 +283,10 @@ def _openai_message(raw: Any, i: int) -> Message:
 def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     raw = body.get("tools")
     if raw is None:
-        return None
+        raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools must be a list", param="tools")
-    tools = []
+    tools: list[dict[str, Any]] = []
     for k, tool in enumerate(raw):
         function = tool.get("function") if isinstance(tool, dict) else None
         if (
@@ -267,15 +298,47 @@ def _openai_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
             raise MalformedRequest(
                 f"tools[{k}] must be a function tool with function.name", param=f"tools[{k}]"
             )
-        tools.append({"type": "function", "function": function})
+        tools.append({"type": "function", "function": _shallow(function, f"tools[{k}]")})
     choice = body.get("tool_choice")
+    if choice is None:
+        return tools or None
+    if not tools:  # OpenAI's own refusal, whatever the choice
+        raise MalformedRequest(
+            "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are"
+            " specified.",
+            param="tool_choice",
+        )
     if choice == "none":
         return None
-    if choice not in (None, "auto", "required") and not (
-        isinstance(choice, dict) and choice.get("type") == "function"
-    ):
+    if choice == "auto":
+        return tools
+    named = isinstance(choice, dict) and choice.get("type") == "function"
+    if choice != "required" and not named:
         raise MalformedRequest(f"tool_choice {choice!r} is not supported", param="tool_choice")
-    return tools or None
+    if named:
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if not isinstance(name, str) or not name:
+            raise MalformedRequest(
+                "tool_choice.function.name: a non-empty string is required",
+                param="tool_choice.function.name",
+            )
+        declared = {tool["function"]["name"] for tool in tools}
+        if name not in declared:
+            raise MalformedRequest(
+                f"Invalid value for 'tool_choice': function {name!r} is not one of the"
+                " functions in 'tools'.",
+                param="tool_choice",
+            )
+    raise MalformedRequest(_FORCED_CHOICE, param="tool_choice")
+
+
+# A choice that forces a tool call: the policy's /generate is not constrained to one, so the
+# call is refused rather than answered with text the harness did not allow.
+_FORCED_CHOICE = (
+    "tool_choice that forces a tool call (OpenAI 'required' or a named function, Anthropic"
+    " 'any' or 'tool') cannot be honoured: this gateway does not constrain the policy's"
+    " generation to a tool call; use 'auto' (or 'none')"
+)
 
 
 def _keyed(messages: list[Message]) -> Group:
@@ -298,7 +361,10 @@ def openai_conversation(body: Any, memo: MessageMemo | None = None) -> Conversat
     if not isinstance(raw_messages, list) or not raw_messages:
         raise MalformedRequest("messages must be a non-empty list", param="messages")
     n = body.get("n")
-    if n not in (None, 1):
+    # `is`, not `in`: `true` and `1.0` compare equal to 1 in Python.
+    if n is not None and (type(n) is not int or n < 1):
+        raise MalformedRequest("n must be a positive integer", param="n")
+    if n is not None and n != 1:
         raise MalformedRequest("n: only 1 choice per request is supported", param="n")
     options = body.get("stream_options")
     messages, keys = _converted(raw_messages, lambda m, i: [_openai_message(m, i)], memo)
@@ -319,26 +385,47 @@ def openai_conversation(body: Any, memo: MessageMemo | None = None) -> Conversat
 def _anthropic_tools(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     raw = body.get("tools")
     if raw is None:
-        return None
+        raw = []  # the tool_choice checks below still apply
     if not isinstance(raw, list):
         raise MalformedRequest("tools: Input should be a valid list", param="tools")
-    tools = []
+    tools: list[dict[str, Any]] = []
     for k, tool in enumerate(raw):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise MalformedRequest(f"tools.{k}.name: Field required", param=f"tools.{k}.name")
         function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = tool["description"]
-        function["parameters"] = tool.get("input_schema") or {"type": "object"}
+        schema = tool.get("input_schema") or {"type": "object"}
+        function["parameters"] = _shallow(schema, f"tools.{k}.input_schema")
         tools.append({"type": "function", "function": function})
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "none":
+    if choice is None:
+        return tools or None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in ("auto", "any", "tool", "none"):
+        raise MalformedRequest(
+            f"tool_choice: Input tag {kind!r} found using 'type' does not match any of the"
+            " expected tags: 'auto', 'any', 'tool', 'none'",
+            param="tool_choice",
+        )
+    if not tools:  # Anthropic's own refusal
+        raise MalformedRequest(
+            "tool_choice may only be specified while providing tools.", param="tool_choice"
+        )
+    if kind == "none":
         return None
-    if choice is not None and not (
-        isinstance(choice, dict) and choice.get("type") in ("auto", "any", "tool")
-    ):
-        raise MalformedRequest(f"tool_choice {choice!r} is not supported", param="tool_choice")
-    return tools or None
+    if kind == "auto":
+        return tools
+    if kind == "tool":
+        name = choice.get("name") if isinstance(choice, dict) else None
+        if not isinstance(name, str) or not name:
+            raise MalformedRequest("tool_choice.name: Field required", param="tool_choice.name")
+        if name not in {tool["function"]["name"] for tool in tools}:
+            raise MalformedRequest(
+                f"tool_choice.name: Tool {name!r} not found in provided tools",
+                param="tool_choice.name",
+            )
+    raise MalformedRequest(_FORCED_CHOICE, param="tool_choice")
 
 
 def _anthropic_user(content: Any, where: str) -> list[Message]:

@@ -20,6 +20,7 @@ from swerl.agent.gateway.session import CallAnswer
 _ERRORS: dict[str, tuple[str, str | None]] = {
     "invalid_request": ("invalid_request_error", None),
     "context_length_exceeded": ("invalid_request_error", "context_length_exceeded"),
+    "request_too_large": ("invalid_request_error", "request_too_large"),
     "authentication": ("invalid_request_error", "invalid_api_key"),
     "not_found": ("invalid_request_error", "not_found"),
     "aborted": ("invalid_request_error", "session_aborted"),

@@ -14,7 +14,9 @@ is the slots filled with the new values (content, tool_call_id, ...), no jinja. 
 cached only when rendering it with three different sets of values (two sets of markers and one
 with blank lines and edge whitespace) gave exactly the slots filled with them; a value holding a
 marker the template may branch on (`<think>`, `<tool_response>`, their closings) is rendered by
-the template. Ids come from the
+the template. Before tokenizing, a render whose text alone proves it over the caller's limit
+(more bytes than the limit times the longest token's bytes) is refused: tokenizing megabytes
+to count them is seconds of CPU. Ids come from the
 tokenizer's own Rust backend (the same ids as `encode`, without its Python layer; its batch
 entry, which lets go of the GIL while it tokenizes), checked once per codec.
 """
@@ -55,11 +57,38 @@ Shape = tuple[tuple[str, tuple[str, ...]], ...]
 Slots = tuple[list[str], list[tuple[int, str]]]
 
 
+class OverBudget(Exception):
+    """A render's text is longer than `limit` tokens could be: it holds at least `at_least`."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(f"at least {at_least} tokens")
+        self.at_least = at_least
+
+
+def _longest_token_bytes(tokenizer: Any) -> int:
+    """An upper bound on the UTF-8 bytes one token covers: the longest token as its backend
+    decodes it alone (a partial character decodes to U+FFFD, three bytes, more than it holds),
+    plus one for a decoder's joining space; else the longest vocabulary entry in UTF-8 (a
+    byte-level or metaspace symbol is one byte of text but two or three here). 0: nothing to
+    measure (no bound)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "decode_batch"):
+        size = backend.get_vocab_size(with_added_tokens=True)
+        texts = backend.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    else:
+        texts = list(tokenizer.get_vocab()) if hasattr(tokenizer, "get_vocab") else []
+    if not texts:
+        return 0
+    return max(len(str(text).encode("utf-8", "surrogatepass")) for text in texts) + 1
+
+
 class _Fast:
     """Per codec: the content-slot texts of the delta shapes seen, and the raw encoder."""
 
     def __init__(self, codec: ChatCodec) -> None:
         self.lock = threading.Lock()
+        self.tokenizer = codec.tokenizer
+        self._token_bytes: int | None = None
         self.shapes: dict[Shape, Slots | None] = {}
         self.encode: Callable[[str], list[int]] = codec.encode
         backend = getattr(codec.tokenizer, "_tokenizer", None)
@@ -79,6 +108,25 @@ class _Fast:
                 same = False
             if same:
                 self.encode = lambda text: raw([text], add_special_tokens=False)[0].ids
+
+    def token_bytes(self) -> int:
+        """The longest token's bytes (measured on first need: ~0.1 s over a large vocab)."""
+        if self._token_bytes is None:
+            self._token_bytes = _longest_token_bytes(self.tokenizer)
+        return self._token_bytes
+
+    def check(self, text: str, limit: int) -> None:
+        """Raise OverBudget when `text` cannot tokenize to fewer than `limit` tokens. Its
+        character count bounds its bytes from below, so most texts need no measuring."""
+        # A character is at most four bytes and a token at least one: such a text may fit.
+        if limit <= 0 or len(text) * 4 <= limit:
+            return
+        per_token = self.token_bytes()
+        if not per_token or len(text) * 4 <= limit * per_token:
+            return
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if size > limit * per_token:
+            raise OverBudget(-(-size // per_token))
 
 
 _FAST: weakref.WeakKeyDictionary[ChatCodec, _Fast] = weakref.WeakKeyDictionary()
@@ -170,9 +218,13 @@ class Renderer:
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
+        limit: int = 0,
     ) -> list[int]:
-        """The whole conversation with the generation header: a new root's prompt."""
-        return self._encode(self._apply(messages, tools))
+        """The whole conversation with the generation header: a new root's prompt. With a
+        `limit`, a text that cannot fit in that many tokens raises OverBudget untokenized."""
+        text = self._apply(messages, tools)
+        self._fast.check(text, limit)
+        return self._encode(text)
 
     def _slots(self, shape: Shape, messages: Sequence[Mapping[str, Any]]) -> Slots | None:
         """The delta text of `shape` around its slots, measured on first use."""
@@ -201,18 +253,27 @@ class Renderer:
         parts, where = slots
         return _fill(parts, [new_messages[i][name] for i, name in where])
 
-    def delta(self, new_messages: Sequence[Mapping[str, Any]], output_ended: bool) -> list[int]:
+    def delta(
+        self, new_messages: Sequence[Mapping[str, Any]], output_ended: bool, limit: int = 0
+    ) -> list[int]:
         """The ids the template puts after a recorded model turn: its end-of-turn (unless the
-        sampled ids end with it), `new_messages`, and the generation header."""
+        sampled ids end with it), `new_messages`, and the generation header. `limit` as for
+        `full` (the tokens left after the recorded chain)."""
         text = self._delta_text(new_messages)
         after = text.split(_SENTINEL, 1)[1]
         close = self.codec.close_text
         if not after.startswith(close):
             raise TemplateMismatch("the template does not close an assistant turn as measured")
+        # One more: the end-of-turn the sampled ids may already hold is dropped from these.
+        self._fast.check(after, limit + 1 if limit > 0 else 0)
         ids = self._encode(after)
         if output_ended and ids and ids[0] == self.end_of_turn_id:
             ids = ids[1:]
         return ids
+
+    def measure(self) -> None:
+        """Measure what the size bound needs now (the store does it off the calls' path)."""
+        self._fast.token_bytes()
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.codec.decode(ids)

@@ -108,6 +108,7 @@ class Gateway:
     async def stop(self) -> None:
         self.stopped.set()
         await self.server.stop()
+        self.store.shutdown()
 
 
 def codec_cache(executor: Executor | None) -> CodecSource:

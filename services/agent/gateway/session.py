@@ -18,10 +18,13 @@ import time
 import uuid
 from array import array
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import jinja2
+
+from swerl.agent.errors import TokenizerUnavailable
 from swerl.agent.gateway.errors import (
     BadSecret,
     ContextTooLong,
@@ -43,7 +46,7 @@ from swerl.agent.gateway.messages import (
     roll,
 )
 from swerl.agent.gateway.parsing import OutputParser, ParsedOutput, output_parser
-from swerl.agent.gateway.render import Renderer
+from swerl.agent.gateway.render import OverBudget, Renderer
 from swerl.agent.gateway.tree import CallKind, CallNode, CallTree, chain_records
 from swerl.agent.pacing import IterationGate
 from swerl.agent.policy import Generation, PolicyUnavailable, TokenPolicy
@@ -51,6 +54,24 @@ from swerl.agent.tokens import ChatCodec, TokenRecordData
 
 T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 4096
+# apply_chat_template's own parameters that the gateway sets itself or that change what it
+# returns: as template kwargs they would collide with the gateway's call or break its rendering.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 DEFAULT_MODEL = "swerl-policy"
 
 
@@ -90,6 +111,13 @@ class SessionSpec:
             )
         if self.max_context_tokens < 0 or self.max_new_tokens < 0:
             raise InvalidSessionSpec("limits must not be negative", field="max_context_tokens")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(self.template_kwargs))
+        if reserved:
+            raise InvalidSessionSpec(
+                f"template_kwargs may not set {', '.join(reserved)}: the gateway's rendering"
+                " sets them itself",
+                field="template_kwargs",
+            )
         if self.artifact_dir and not self.artifact_dir.startswith("/"):
             raise InvalidSessionSpec(
                 "artifact_dir must be an absolute path on the agent's host", field="artifact_dir"
@@ -196,6 +224,13 @@ class Session:
 # ms, calls/s unchanged (~150). Two per iteration still lets thousands of steps through a second.
 GATEWAY_TURNS = 2
 
+# A call whose CPU work is over this size (its body's bytes to decode, its messages' characters
+# to render) does that work in the store's own one-thread lane, not in the CPU pool all the
+# other sessions' calls share: 4 MiB is more than any context a policy serves (~1M tokens of
+# text), so only such bodies queue there, behind each other, and a small call never waits for
+# one (its decode, render and tokenizing are bounded by the body maximum and the budget).
+LARGE_WORK_BYTES = 4 * 1024 * 1024
+
 
 class SessionStore:
     """The sessions of one agent process."""
@@ -216,6 +251,7 @@ class SessionStore:
         self.turns = IterationGate(GATEWAY_TURNS)
         self._policy_factory = policy_factory
         self._executor = executor
+        self._large = ThreadPoolExecutor(1, thread_name_prefix="gateway-large")
         self._max_sessions = max_sessions
         self._keep_ended = keep_ended
         self.sessions: dict[str, Session] = {}
@@ -224,6 +260,14 @@ class SessionStore:
 
     async def _cpu(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def cpu(self, size: int, fn: Callable[..., T], *args: Any) -> T:
+        """`fn` in the CPU pool, or in the large lane when its work is `size` > LARGE_WORK_BYTES."""
+        executor = self._large if size > LARGE_WORK_BYTES else self._executor
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    def shutdown(self) -> None:
+        self._large.shutdown(wait=False, cancel_futures=True)
 
     # -- lifecycle (the session RPCs) ----------------------------------------------------------
 
@@ -237,10 +281,26 @@ class SessionStore:
                 f"this agent holds {open_now} open sessions (its limit)", limit=self._max_sessions
             )
         parser = output_parser(spec.tool_call_parser, spec.reasoning_parser)
-        codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
-        session = Session(
-            uuid.uuid4().hex, secrets.token_urlsafe(24), spec, Renderer(codec), parser
-        )
+        try:
+            codec = await self._codecs(spec.tokenizer_path, dict(spec.template_kwargs))
+        except jinja2.TemplateError as err:
+            # A template that does not parse, raises (`raise_exception`), or reads an
+            # undefined name: the spec's tokenizer cannot render, in the template's own words.
+            where = (
+                f" with template_kwargs {dict(spec.template_kwargs)}"
+                if spec.template_kwargs
+                else ""
+            )
+            raise TokenizerUnavailable(
+                f"the chat template of {spec.tokenizer_path!r} fails{where}:"
+                f" {type(err).__name__}: {err}",
+                tokenizer_path=spec.tokenizer_path,
+            ) from err
+        renderer = Renderer(codec)
+        if spec.max_context_tokens:
+            # The size bound's measure, in the large lane: before any large call, after none.
+            self._large.submit(renderer.measure)
+        session = Session(uuid.uuid4().hex, secrets.token_urlsafe(24), spec, renderer, parser)
         self.sessions[session.id] = session
         if request_id:
             self._by_request[request_id] = session.id
@@ -344,24 +404,32 @@ class SessionStore:
 
     async def _call(self, session: Session, conv: Conversation, protocol: str) -> CallAnswer:
         renderer, spec = session.renderer, session.spec
-        parent, start, digests = self._match(session, conv)
-        if parent is not None:
-            ended = bool(parent.output_ids) and parent.output_ids[-1] == renderer.end_of_turn_id
-            delta = await self._cpu(renderer.delta, conv.messages[start:], ended)
-            reused = parent.token_count()
-            prompt = parent.extended(delta)
-        else:
-            prompt = array("i", await self._cpu(renderer.full, conv.messages, conv.tools))
-            parent = session.tree.longest_token_prefix(prompt)
-            reused = parent.token_count() if parent is not None else 0
         budget = spec.max_context_tokens
+        parent, start, digests = self._match(session, conv)
+        try:
+            if parent is not None:
+                ended = bool(parent.output_ids) and parent.output_ids[-1] == renderer.end_of_turn_id
+                reused = parent.token_count()
+                new = conv.messages[start:]
+                limit = max(1, budget - reused) if budget else 0
+                delta = await self.cpu(_text_size(new), renderer.delta, new, ended, limit)
+                prompt = parent.extended(delta)
+            else:
+                ids = await self.cpu(
+                    conv.body_bytes, renderer.full, conv.messages, conv.tools, budget
+                )
+                prompt = array("i", ids)
+                parent = session.tree.longest_token_prefix(prompt)
+                reused = parent.token_count() if parent is not None else 0
+        except OverBudget as over:
+            # Refused on the render's size, untokenized: `at_least` bounds its ids from below
+            # (a delta's first may be the end-of-turn the sampled ids already hold).
+            at_least = over.at_least if parent is None else reused + over.at_least - 1
+            raise _over_budget(session, at_least, budget, at_least=True) from over
         max_new = min(spec.max_new(), conv.max_tokens or spec.max_new())
         if budget:
             if len(prompt) >= budget:
-                session.counters.context_errors += 1
-                if session.state is SessionState.OPEN:
-                    session.state = SessionState.LIMIT_CONTEXT
-                raise ContextTooLong(len(prompt), budget)
+                raise _over_budget(session, len(prompt), budget)
             max_new = min(max_new, budget - len(prompt))
         policy = session.policies.pop(parent.index, None) if parent is not None else None
         if policy is None:
@@ -431,6 +499,26 @@ class SessionStore:
             session.failed.set()
             raise SessionAborted(f"session {session.id}: the trainer aborted the generation")
         return generation
+
+
+def _text_size(messages: Sequence[Mapping[str, Any]]) -> int:
+    """The characters of the messages' text fields (what rendering them costs, roughly)."""
+    size = 0
+    for message in messages:
+        for value in message.values():
+            if isinstance(value, str):
+                size += len(value)
+    return size
+
+
+def _over_budget(
+    session: Session, prompt_tokens: int, budget: int, *, at_least: bool = False
+) -> ContextTooLong:
+    """The refusal of a prompt over the session's budget; the episode ends on its context."""
+    session.counters.context_errors += 1
+    if session.state is SessionState.OPEN:
+        session.state = SessionState.LIMIT_CONTEXT
+    return ContextTooLong(prompt_tokens, budget, at_least=at_least)
 
 
 def _read_output(
