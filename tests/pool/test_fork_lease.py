@@ -11,6 +11,7 @@ import pytest
 
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
+from swerl.exec.client import ExecResult, SandboxClient
 from swerl.pool.v1 import pool_pb2 as pb
 
 
@@ -18,6 +19,17 @@ async def refused(call) -> tuple[grpc.StatusCode, str | None]:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call
     return caught.value.code(), error_info(caught.value)[0]
+
+
+async def run(lease, command: str) -> ExecResult:
+    """A command in a lease's sandbox, through its node's client (one per lease, closed with it)."""
+    node = _nodes.get(lease.lease_id)
+    if node is None:
+        node = _nodes[lease.lease_id] = SandboxClient.for_lease(lease)
+    return await node.run(lease.sandbox_id, command)
+
+
+_nodes: dict[str, SandboxClient] = {}
 
 
 def _fork_images_of(node_ids: list[str]) -> list[str]:
@@ -39,7 +51,7 @@ async def assert_no_fork_images_left(stack, timeout_s: float = 15.0) -> None:
 
 async def test_forked_leases_live_on_the_source_node_with_their_own_tokens(stack, pool, base_image):
     async with pool.lease(base_image, owner="trunk", instance_id="i-1", ttl_s=30) as source:
-        assert (await source.run("echo trunk > /tmp/shared")).exit_code == 0
+        assert (await run(source, "echo trunk > /tmp/shared")).exit_code == 0
         forks = await pool.fork_leases(source, 2, owner="branch")
         try:
             assert len({f.lease_id for f in forks} | {source.lease_id}) == 3
@@ -48,10 +60,10 @@ async def test_forked_leases_live_on_the_source_node_with_their_own_tokens(stack
             for fork in forks:
                 assert fork.info.state == pb.LEASE_STATE_ACTIVE
                 assert fork.info.instance_id == "i-1" and fork.info.owner == "branch"
-                assert (await fork.run("cat /tmp/shared")).stdout == b"trunk\n"
-            await forks[0].run("echo one > /tmp/shared")
-            assert (await forks[1].run("cat /tmp/shared")).stdout == b"trunk\n"
-            assert (await source.run("cat /tmp/shared")).stdout == b"trunk\n"
+                assert (await run(fork, "cat /tmp/shared")).stdout == b"trunk\n"
+            await run(forks[0], "echo one > /tmp/shared")
+            assert (await run(forks[1], "cat /tmp/shared")).stdout == b"trunk\n"
+            assert (await run(source, "cat /tmp/shared")).stdout == b"trunk\n"
             listed = await pool.list_leases(owner="branch")
             assert {x.lease_id for x in listed} == {f.lease_id for f in forks}
             # Each is kept alive on its own past the ttl.
@@ -82,7 +94,7 @@ async def test_fork_without_room_on_its_node_fails_and_never_goes_elsewhere(
 
 async def test_fork_while_a_command_runs_is_refused_sandbox_busy(stack, pool, base_image):
     async with pool.lease(base_image, owner="busy") as source:
-        running = asyncio.create_task(source.run("sleep 2"))
+        running = asyncio.create_task(run(source, "sleep 2"))
         await asyncio.sleep(0.8)
         code, reason = await refused(pool.fork(source.lease_id, 1, wait_s=1))
         assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "SANDBOX_BUSY")
