@@ -83,7 +83,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay_serve(args: argparse.Namespace) -> int:
-    from swerl.agent.replay import HARNESS_SCRIPTS, ReplayPolicyServer, scripts_for_tasks
+    from swerl.devservers.replay import HARNESS_SCRIPTS, ReplayPolicyServer, scripts_for_tasks
     from swerl.tasks import default_tasks_dir, load_tasks
 
     if args.harness and args.harness not in HARNESS_SCRIPTS:
@@ -128,7 +128,7 @@ def _replay_serve(args: argparse.Namespace) -> int:
 
 def _scripted_judge(args: argparse.Namespace) -> int:
     from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-    from swerl.prm.scripted import Reply, ScriptedJudge
+    from swerl.devservers.scripted_prm import Reply, ScriptedJudge
 
     configure_logging("console", "warning")
     replies = [Reply(text=text.replace("\\n", "\n"), delay_s=args.delay_s) for text in args.reply]

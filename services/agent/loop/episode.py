@@ -14,9 +14,9 @@ policy's previous command ended killed by a signal, INFRA_ERROR otherwise. CPU w
 tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
 hundreds of episodes share one event loop.
 
-This module is the loop; the rooms beside it: `swerl.agent.branching` (fork, seeds, running
-the branches), `swerl.agent.grading` (the evaluation and the outcome reward),
-`swerl.agent.step_scoring` (PRM judgments in the background and the shaped rewards) and
+This module is the loop; the rooms beside it: `swerl.agent.loop.branching` (fork, seeds, running
+the branches), `swerl.agent.judging.grading` (the evaluation and the outcome reward),
+`swerl.agent.judging.scheduling` (PRM judgments in the background and the shaped rewards) and
 `swerl.agent.spec` (what an episode runs with).
 """
 
@@ -32,17 +32,26 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from swerl.agent import branching, budget, grading
+from swerl.agent import budget
+from swerl.agent.actions.bash_block import (
+    parse_action,
+    render_format_error,
+    render_observation,
+    submission,
+)
+from swerl.agent.actions.tool_set import ToolBox, command_notes, killed_by
+from swerl.agent.actions.tool_turn import ToolState, run_tool_turn
+from swerl.agent.actions.toolcalls import CallIds
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.service import Gateway
-from swerl.agent.harness_model import EpisodeModel, PolicyAborted
 from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessFailed, HarnessRun, harness_named
-from swerl.agent.judging import PrmSpec, StepJudge
-from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
-from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import PolicyUnavailable
-from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
-from swerl.agent.sandbox import (
+from swerl.agent.harnesses.model import EpisodeModel, PolicyAborted
+from swerl.agent.judging import grading
+from swerl.agent.judging.scheduling import StepScoring
+from swerl.agent.judging.steps import PrmSpec, StepJudge
+from swerl.agent.loop import branching
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.loop.sandbox import (
     SANDBOX_NOT_RUNNING,
     ForkedSandbox,
     SandboxHandle,
@@ -50,13 +59,11 @@ from swerl.agent.sandbox import (
     guarded,
     lease_lost,
 )
+from swerl.agent.policy.clients import PolicyUnavailable
+from swerl.agent.policy.modes import ContextExhausted, Policy, PolicyTurn
+from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
-from swerl.agent.step_scoring import StepScoring
-from swerl.agent.tokens import TokenRecordData
-from swerl.agent.toolcalls import CallIds
-from swerl.agent.tools import ToolBox, command_notes, killed_by
-from swerl.agent.toolturn import ToolState, run_tool_turn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.wire import episode_status_pb
 from swerl.chassis.timeconv import duration_pb
@@ -106,7 +113,7 @@ class EpisodeDeps:
     result_gate: IterationGate | None = None
     # Token records are built in the CPU pool one episode at a time.
     records_slot: asyncio.Semaphore | None = None
-    # The model gateway a harness episode opens its session on (swerl.agent.harness_model).
+    # The model gateway a harness episode opens its session on (swerl.agent.harnesses.model).
     gateway: Callable[[], Awaitable[Gateway]] | None = None
 
 
@@ -144,7 +151,7 @@ class Episode:
         # The policy's last command ended killed by a signal: a sandbox found dead after it is
         # the policy's doing.
         self._last_killed = False
-        # Branching (swerl.agent.branching): a branch's index, seed and forked sandbox (None
+        # Branching (swerl.agent.loop.branching): a branch's index, seed and forked sandbox (None
         # for a trunk or a plain episode); a trunk's running branches and the last result.
         self.branch: int | None = None
         self.sampling_seed = 0
@@ -485,7 +492,7 @@ class Episode:
         self, sandbox: SandboxHandle, index: int, answer: PolicyTurn, turns_left: int
     ) -> pb.EpisodeTurn:
         """A `tool_calls` turn: the reply's calls run in order, each answered by its own tool
-        message (swerl.agent.toolturn)."""
+        message (swerl.agent.actions.tool_turn)."""
         spec, config = self.spec, self.spec.config
         parsed = self.tools.parse(answer, config)
         box = ToolBox(
@@ -536,7 +543,7 @@ class Episode:
     # -- after the loop: branches or grading ------------------------------------------------------
 
     async def _run_branches(self, forks: list[ForkedSandbox]) -> None:
-        """One branch per forked sandbox, each run to its end (swerl.agent.branching); the
+        """One branch per forked sandbox, each run to its end (swerl.agent.loop.branching); the
         last result is the one `run` returns."""
         seeds = branching.seeds(self.spec, len(forks))
         self._branches = [
@@ -566,9 +573,9 @@ class Episode:
         return branch
 
     async def _evaluate(self) -> None:
-        """Grades the patch (swerl.agent.grading) and streams the report. A harness episode's
-        grading gets what is left of its budget (swerl.agent.budget), and must end within it
-        plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET."""
+        """Grades the patch (swerl.agent.judging.grading) and streams the report. A harness
+        episode's grading gets what is left of its budget (swerl.agent.budget), and must end
+        within it plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET."""
         spec = self.spec
         started = time.monotonic()
         limit_s, bound_s = spec.eval_timeout_s, None

@@ -23,9 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swerl.agent.config import AgentConfig
-from swerl.agent.modes import PolicyTurn
-from swerl.agent.toolcalls import (
+from swerl.agent.actions.tool_set import ToolBox, ToolOutcome
+from swerl.agent.actions.toolcalls import (
     CallError,
     CallIds,
     ErrorKind,
@@ -34,7 +33,8 @@ from swerl.agent.toolcalls import (
     check_call,
     parse_reply,
 )
-from swerl.agent.tools import ToolBox, ToolOutcome
+from swerl.agent.config import AgentConfig
+from swerl.agent.policy.modes import PolicyTurn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 

@@ -10,7 +10,7 @@ sandbox the policy broke, none where nothing was graded.
 from __future__ import annotations
 
 from swerl.agent.errors import EpisodeInfraError
-from swerl.agent.sandbox import SandboxProvider, guarded
+from swerl.agent.loop.sandbox import SandboxProvider, guarded
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.status import EpisodeStatus
 from swerl.exec.v1 import evaluate_pb2
