@@ -14,8 +14,9 @@ policy's previous command ended killed by a signal, INFRA_ERROR otherwise. CPU w
 tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
 hundreds of episodes share one event loop.
 
-This module is the loop; the rooms beside it: `swerl.agent.loop.branching` (fork, seeds, running
-the branches), `swerl.agent.judging.grading` (the evaluation and the outcome reward),
+This module is the loop; the rooms beside it: `swerl.agent.actions` (the `ActionProtocol` the
+episode picks at its start, bash blocks or tool calls: one reply acted on in the sandbox),
+`swerl.agent.loop.branching` (fork, seeds, running the branches), `swerl.agent.judging.grading` (the evaluation and the outcome reward),
 `swerl.agent.judging.scheduling` (PRM judgments in the background and the shaped rewards) and
 `swerl.agent.spec` (what an episode runs with).
 """
@@ -33,14 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from swerl.agent import budget
-from swerl.agent.actions.bash_block import (
-    parse_action,
-    render_format_error,
-    render_observation,
-    submission,
-)
-from swerl.agent.actions.tool_set import ToolBox, command_notes, killed_by
-from swerl.agent.actions.tool_turn import ToolState, run_tool_turn
+from swerl.agent.actions.base import ActionProtocol, ActionTurn, SandboxBroken
+from swerl.agent.actions.bash_block import BashBlockActions
+from swerl.agent.actions.tool_set import killed_by
+from swerl.agent.actions.tool_turn import ToolCallActions, ToolState
 from swerl.agent.actions.toolcalls import CallIds
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.service import Gateway
@@ -52,7 +49,6 @@ from swerl.agent.judging.steps import PrmSpec, StepJudge
 from swerl.agent.loop import branching
 from swerl.agent.loop.pacing import IterationGate
 from swerl.agent.loop.sandbox import (
-    SANDBOX_NOT_RUNNING,
     ForkedSandbox,
     SandboxHandle,
     SandboxProvider,
@@ -60,7 +56,7 @@ from swerl.agent.loop.sandbox import (
     lease_lost,
 )
 from swerl.agent.policy.clients import PolicyUnavailable
-from swerl.agent.policy.modes import ContextExhausted, Policy, PolicyTurn
+from swerl.agent.policy.modes import ContextExhausted, Policy
 from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
@@ -82,15 +78,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_OUTPUT_HEAD_CHARS = 1000
-
-
-class SandboxBroken(Exception):
-    """The policy's own command broke its sandbox beyond repair (ends SANDBOX_BROKEN)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass
@@ -138,7 +125,14 @@ class Episode:
         self.error_reason = ""
         self.error_message = ""
         self.messages: list[dict[str, Any]] = []
-        self.tools = ToolState(CallIds(seed=zlib.crc32(spec.episode_id.encode())))
+        # How a reply becomes actions in the sandbox: bash blocks, or tool calls (agent config
+        # `tool_calls`); it keeps its own per-episode state (a branch gets a copy).
+        call_ids = CallIds(seed=zlib.crc32(spec.episode_id.encode()))
+        self.actions: ActionProtocol = (
+            ToolCallActions(spec, self._cpu, ToolState(call_ids))
+            if spec.config.tool_calls
+            else BashBlockActions(spec, self._cpu)
+        )
         self.steps: list[dict[str, Any]] = []
         self.turns = 0
         self.tool_calls = 0
@@ -148,9 +142,6 @@ class Episode:
         self.reward: float | None = None
         self._work: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
-        # The policy's last command ended killed by a signal: a sandbox found dead after it is
-        # the policy's doing.
-        self._last_killed = False
         # Branching (swerl.agent.loop.branching): a branch's index, seed and forked sandbox (None
         # for a trunk or a plain episode); a trunk's running branches and the last result.
         self.branch: int | None = None
@@ -387,11 +378,21 @@ class Episode:
                 self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", "the policy aborted")
                 return
             self.turns += 1
-            if spec.config.tool_calls:
-                turn = await self._act_tools(sandbox, index, answer, turns_left)
-            else:
-                self.messages.append({"role": "assistant", "content": answer.text})
-                turn = await self._act(sandbox, index, answer.text, turns_left)
+            acted = await self.actions.act(
+                ActionTurn(sandbox, index, answer, turns_left, self.messages, self.steps)
+            )
+            self.tool_calls += acted.commands
+            self.clock.env_s += acted.env_s
+            if acted.submission is not None:
+                self.submission = acted.submission
+            self._scoring.judge_turn(
+                index,
+                answer.text,
+                acted.judged_action,
+                acted.judged_exit_code,
+                acted.judged_output,
+            )
+            turn = acted.turn
             turn.index = index
             turn.prompt_tokens = answer.prompt_tokens
             turn.response_tokens = answer.response_tokens
@@ -404,141 +405,14 @@ class Episode:
                 self._emit(pb.RunEpisodeResponse(turn=turn))
                 self._end(EpisodeStatus.SUBMITTED)
                 return
-            replies = self.tools.replies or self.messages[-1]["content"]
-            turn.observation_tokens = await self._policy.observe(replies)
+            turn.observation_tokens = await self._policy.observe(acted.observed)
             self._emit(pb.RunEpisodeResponse(turn=turn))
-            if self.tools.over_limit(spec.config):
-                self._end(EpisodeStatus.LIMIT_TURNS, *self.tools.limit_detail(spec.config))
+            limit = self.actions.limit()
+            if limit is not None:
+                self._end(EpisodeStatus.LIMIT_TURNS, *limit)
                 return
         if stop == spec.max_turns:
             self._end(EpisodeStatus.LIMIT_TURNS)
-
-    # -- one turn's action -----------------------------------------------------------------------
-
-    async def _act(
-        self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """Carries out the action in the policy's answer `text` (the bash-block protocol):
-        appends the observation to `messages` and returns the turn (its index and token
-        counts are the loop's to fill)."""
-        action = parse_action(text)
-        step: dict[str, Any] = {"turn": index, "response": text}
-        self.steps.append(step)
-        if action.command is None:
-            observation = render_format_error(
-                self.spec.config, n_blocks=action.n_blocks, turns_left=turns_left
-            )
-            self.messages.append({"role": "user", "content": observation})
-            step.update(format_error=True, n_blocks=action.n_blocks)
-            self._scoring.judge_turn(index, text, None, 0, "")
-            return pb.EpisodeTurn(format_error=True)
-        return await self._command(sandbox, step, action.command, turns_left)
-
-    async def _command(
-        self, sandbox: SandboxHandle, step: dict[str, Any], command: str, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """Runs one command of the policy in its sandbox: the turn, its step record and its
-        observation (or the submission, when the command submitted)."""
-        spec, config = self.spec, self.spec.config
-        env = {**config.env, **spec.env}
-        started = time.monotonic()
-        try:
-            result = await sandbox.run(
-                command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
-            )
-        except EpisodeInfraError as err:
-            step.update(action=command, sandbox_lost=err.message[:500])
-            if err.reason == SANDBOX_NOT_RUNNING and self._last_killed:
-                raise SandboxBroken(err.message) from err
-            raise
-        exec_s = time.monotonic() - started
-        self.clock.env_s += exec_s
-        self.tool_calls += 1
-        output = result.output.decode(errors="replace")
-        submitted = submission(output, result.exit_code)
-        signum = killed_by(result.exit_code, result.timed_out)
-        restarted = bool(getattr(result, "sandbox_restarted", False))
-        self._last_killed = signum is not None
-        step.update(
-            action=command,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            exec_s=round(exec_s, 4),
-            output_bytes=len(result.output),
-        )
-        if restarted:
-            step["sandbox_restarted"] = True
-        turn = pb.EpisodeTurn(
-            action=command,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            output_head=output[:_OUTPUT_HEAD_CHARS],
-            output_bytes=len(result.output) + result.bytes_dropped,
-            submitted=submitted is not None,
-            exec_duration=duration_pb(exec_s),
-        )
-        if submitted is not None:
-            self.submission = submitted
-            self.messages.append({"role": "user", "content": output})
-        else:
-            observation = await self._render_bash(
-                result.exit_code, output, result.timed_out, restarted, turns_left
-            )
-            self.messages.append({"role": "user", "content": observation})
-        self._scoring.judge_turn(step["turn"], step["response"], command, result.exit_code, output)
-        return turn
-
-    async def _act_tools(
-        self, sandbox: SandboxHandle, index: int, answer: PolicyTurn, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """A `tool_calls` turn: the reply's calls run in order, each answered by its own tool
-        message (swerl.agent.actions.tool_turn)."""
-        spec, config = self.spec, self.spec.config
-        parsed = self.tools.parse(answer, config)
-        box = ToolBox(
-            sandbox,
-            workdir=config.workdir,
-            env={**config.env, **spec.env},
-            command_timeout_s=spec.command_timeout_s,
-            render_bash=self._render_bash,
-        )
-        box.last_killed = self._last_killed
-        step: dict[str, Any] = {"turn": index, "response": answer.text}
-        self.steps.append(step)
-        try:
-            done = await run_tool_turn(parsed, box, config, turns_left)
-        except EpisodeInfraError as err:
-            step.update(sandbox_lost=err.message[:500])
-            if err.reason == SANDBOX_NOT_RUNNING and box.last_killed:
-                raise SandboxBroken(err.message) from err
-            raise
-        self._last_killed = box.last_killed
-        self.messages += [done.assistant, *done.replies]
-        self.tool_calls += len(done.ran)
-        self.clock.env_s += self.tools.record(done, step)
-        self.submission = done.submission if done.submission is not None else self.submission
-        turn = done.turn_pb(_OUTPUT_HEAD_CHARS)
-        self._scoring.judge_turn(
-            index, answer.text, turn.action or None, turn.exit_code, done.output
-        )
-        return turn
-
-    async def _render_bash(
-        self, code: int, output: str, timed_out: bool, restarted: bool, left: int | None = None
-    ) -> str:
-        """A command's observation, with the notes on a kill or a restarted sandbox."""
-        notes = command_notes(code, timed_out, restarted)
-        spec = self.spec
-        return await self._cpu(
-            lambda: render_observation(
-                spec.config,
-                exit_code=code,
-                output=notes + output,
-                timed_out=timed_out,
-                timeout_s=spec.command_timeout_s,
-                turns_left=left,
-            )
-        )
 
     # -- after the loop: branches or grading ------------------------------------------------------
 
@@ -566,8 +440,7 @@ class Episode:
         branch.messages = [dict(m) for m in self.messages]
         branch.steps = copy.deepcopy(self.steps)
         branch.turns, branch.tool_calls = self.turns, self.tool_calls
-        branch.tools = self.tools.copy()
-        branch._last_killed = self._last_killed
+        branch.actions = self.actions.branch()
         # The trunk's turns are judged once: a branch shares the trunk's judgments.
         branch._scoring = self._scoring.for_branch(emit)
         return branch
@@ -620,8 +493,8 @@ class Episode:
             m["model_query_time_avg"] = c.model_s / self.turns
         if self.tool_calls:
             m["env_execution_time_avg"] = c.env_s / self.tool_calls
-        if self.spec.config.tool_calls and not self._harnessed:
-            m.update(self.tools.metrics())
+        if not self._harnessed:
+            m.update(self.actions.metrics())
         if self.model is not None:
             m.update(self.model.metrics())
         if total > 0:
