@@ -15,10 +15,12 @@ tokenizing, decoding, records) runs in the agent's thread pool or tokenizer proc
 hundreds of episodes share one event loop.
 
 This module is the loop; the rooms beside it: `swerl.agent.actions` (the `ActionProtocol` the
-episode picks at its start, bash blocks or tool calls: one reply acted on in the sandbox),
-`swerl.agent.loop.branching` (fork, seeds, running the branches), `swerl.agent.judging.grading` (the evaluation and the outcome reward),
-`swerl.agent.judging.scheduling` (PRM judgments in the background and the shaped rewards) and
-`swerl.agent.spec` (what an episode runs with).
+episode picks at its start, bash blocks or tool calls, that acts on one reply in the sandbox),
+`swerl.agent.harnesses.driving` (a harness's run and how it ended), `swerl.agent.loop.branching`
+(fork, seeds, running the branches), `swerl.agent.judging.grading` (the evaluation and the
+outcome reward), `swerl.agent.judging.scheduling` (PRM judgments in the background and the shaped
+rewards), `swerl.agent.loop.records` (the token records of the result) and `swerl.agent.spec`
+(what an episode runs with).
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ from swerl.agent.actions.tool_turn import ToolCallActions, ToolState
 from swerl.agent.actions.toolcalls import CallIds
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.service import Gateway
-from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessFailed, HarnessRun, harness_named
-from swerl.agent.harnesses.model import EpisodeModel, PolicyAborted
+from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessRun, driving, harness_named
+from swerl.agent.harnesses.model import EpisodeModel
 from swerl.agent.judging import grading
 from swerl.agent.judging.scheduling import StepScoring
 from swerl.agent.judging.steps import PrmSpec, StepJudge
-from swerl.agent.loop import branching
+from swerl.agent.loop import branching, records
 from swerl.agent.loop.pacing import IterationGate
 from swerl.agent.loop.sandbox import (
     ForkedSandbox,
@@ -57,7 +59,6 @@ from swerl.agent.loop.sandbox import (
 )
 from swerl.agent.policy.clients import PolicyUnavailable
 from swerl.agent.policy.modes import ContextExhausted, Policy
-from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.v1 import agent_pb2 as pb
@@ -298,10 +299,9 @@ class Episode:
         return self.harness.name != DEFAULT_HARNESS
 
     async def _drive(self, sandbox: SandboxHandle) -> None:
-        """The harness's prepare and run in the sandbox; its failure ends HARNESS_FAILED (the
-        sandbox is graded as it stands), its submission is the episode's patch. A harness other
-        than swerl's loop gets its own gateway session, watched while it runs: a policy that
-        is down or a gateway that went away end the run INFRA_ERROR, a trainer abort ABORTED."""
+        """The harness's prepare and run in the sandbox (swerl.agent.harnesses.driving); its
+        submission is the episode's patch. A harness other than swerl's loop gets its own
+        gateway session, watched while it runs."""
         model = None
         if self._harnessed:
             if self._deps.gateway is None:
@@ -309,28 +309,13 @@ class Episode:
             self.model = await EpisodeModel.open(await self._deps.gateway(), self.spec, self.key)
             model = self.model.model
         run = HarnessRun(spec=self.spec, sandbox=sandbox, agent_loop=self._agent_loop, model=model)
-        try:
-            if self.model is None:
-                submitted = await self._prepare_and_run(run)
-            else:
-                submitted = await self.model.guard(self._prepare_and_run(run))
-        except HarnessFailed as err:
-            if self.model is not None and self.model.context_exhausted:
-                # It failed on the context budget its session refused: as swerl's loop ends.
-                self._end(EpisodeStatus.LIMIT_CONTEXT, "", err.detail)
-            else:
-                self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
-            return
-        except PolicyAborted as err:
-            self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", str(err))
+        driven = await driving.drive(self.harness, run, self.model)
+        if driven.status is not None:
+            self._end(driven.status, driven.reason, driven.detail)
             return
         if self.status is None and not (self.spec.branching and self.branch is None):
-            self.submission = submitted
+            self.submission = driven.submitted
             self._end(EpisodeStatus.SUBMITTED)
-
-    async def _prepare_and_run(self, run: HarnessRun) -> str | None:
-        await self.harness.prepare(run)
-        return await self.harness.run(run)
 
     async def _close_model(self) -> None:
         """Ends the harness's gateway session (no call is recorded after this) and keeps its
@@ -446,27 +431,13 @@ class Episode:
         return branch
 
     async def _evaluate(self) -> None:
-        """Grades the patch (swerl.agent.judging.grading) and streams the report. A harness
-        episode's grading gets what is left of its budget (swerl.agent.budget), and must end
-        within it plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET."""
-        spec = self.spec
+        """Grades the patch (swerl.agent.judging.grading, within a harness episode's budget) and
+        streams the report."""
         started = time.monotonic()
-        limit_s, bound_s = spec.eval_timeout_s, None
-        if self._budget_started is not None:
-            left_s = spec.wall_timeout_s - (started - self._budget_started)
-            limit_s = budget.grading_limit_s(left_s, spec.eval_timeout_s)
-            bound_s = max(left_s, limit_s) + budget.GRADING_OVERHEAD_S
         try:
-            graded = grading.evaluate(self._provider, spec, self.key, self.patch, limit_s)
-            self.report = await asyncio.wait_for(graded, bound_s)
-        except TimeoutError as err:
-            if bound_s is None:
-                raise
-            raise EpisodeInfraError(
-                "GRADING_OVER_BUDGET",
-                f"the grading did not end within the episode's budget ({spec.wall_timeout_s:g} s"
-                f" from its lease, plus {budget.GRADING_OVERHEAD_S:g} s for the grading itself)",
-            ) from err
+            self.report = await grading.evaluate_in_budget(
+                self._provider, self.spec, self.key, self.patch, self._budget_started
+            )
         finally:
             self.clock.eval_s = time.monotonic() - started
         self._emit(pb.RunEpisodeResponse(evaluation=self.report))
@@ -504,49 +475,16 @@ class Episode:
                 m["eval_time_ratio"] = c.eval_s / total
         return m
 
-    @staticmethod
-    def _fill_record(
-        message: pb.TokenRecord, record: TokenRecordData, reward: float | None
-    ) -> None:
-        record.check()
-        message.prompt_ids.extend(record.prompt_ids)
-        message.response_ids.extend(record.response_ids)
-        message.loss_mask.extend(record.loss_mask)
-        message.logprobs.extend(record.logprobs)
-        message.weight_versions.extend(record.weight_versions)
-        message.top_p_token_ids.extend(record.top_p_token_ids)
-        message.top_p_token_offsets.extend(record.top_p_token_offsets)
-        if record.routed_experts:
-            message.routed_experts = record.routed_experts
-            message.routed_experts_per_token = record.experts_per_token
-        message.cached_tokens = record.cached_tokens
-        message.engine_prompt_tokens = record.engine_prompt_tokens
-        if reward is not None:
-            message.reward = reward
-
     def _fill_records(self, result: pb.EpisodeResult) -> None:
-        """The token records, written into the final message (in the CPU pool: a long
-        episode's records hold hundreds of thousands of ids)."""
-        shaped = self._scoring.shaped
-        if self.model is not None:
-            # A harness episode: one sample per chain of its gateway session.
-            self._fill_chains(result, self.model.records or [], shaped(self.reward, None))
-        elif self.spec.dynamic_history:
-            for index, record in enumerate(self._policy.turn_records()):
-                self._fill_record(result.turns.add(), record, shaped(self.reward, index))
-        else:
-            # One record per chain, each with the episode's reward; a lone chain (no trim)
-            # stays in `trajectory`, where readers that predate chains find it.
-            self._fill_chains(result, self._policy.whole_records(), shaped(self.reward, None))
-
-    def _fill_chains(
-        self, result: pb.EpisodeResult, records: list[TokenRecordData], reward: float | None
-    ) -> None:
-        if len(records) == 1:
-            self._fill_record(result.trajectory, records[0], reward)
-        else:
-            for record in records:
-                self._fill_record(result.chains.add(), record, reward)
+        """The token records, written into the final message (swerl.agent.loop.records)."""
+        records.fill_records(
+            result,
+            self._policy,
+            reward=self.reward,
+            shaped=self._scoring.shaped,
+            dynamic_history=self.spec.dynamic_history,
+            harness_records=None if self.model is None else (self.model.records or []),
+        )
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec
