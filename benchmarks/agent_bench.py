@@ -38,12 +38,12 @@ import time
 
 from benchkit import free_port, progress
 
+from swerl.agent.actions.bash_block import parse_action, render_observation
+from swerl.agent.actions.tool_turn import parse_sampled
+from swerl.agent.actions.toolcalls import CallIds, get_tool_call_format
 from swerl.agent.config import load_config
-from swerl.agent.context import ContextPolicy, ContextWindow
-from swerl.agent.protocol import parse_action, render_observation
-from swerl.agent.tokens import ChatCodec, Trajectory
-from swerl.agent.toolcalls import CallIds, get_tool_call_format
-from swerl.agent.toolturn import parse_sampled
+from swerl.agent.policy.context import ContextPolicy, ContextWindow
+from swerl.agent.policy.tokens import ChatCodec, Trajectory
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 CONTEXT = 32_768
@@ -222,7 +222,7 @@ def _serve_replay(
 ) -> None:
     import os
 
-    from swerl.agent.replay import ReplayPolicyServer
+    from swerl.devservers.replay import ReplayPolicyServer
 
     # The policy server stands for GPUs on other machines: it must not compete with the agent
     # for this machine's cores.
@@ -313,7 +313,7 @@ async def stalls(
     harness: str = "",
 ) -> dict[str, float]:
     from swerl.agent.client import episode_limits, episode_start
-    from swerl.agent.runner import EpisodeRunner
+    from swerl.agent.loop.runner import EpisodeRunner
     from swerl.agent.settings import AgentSettings
     from swerl.agent.v1 import agent_pb2 as pb
     from swerl.exec.v1 import evaluate_pb2

@@ -34,11 +34,11 @@ import time
 import uuid
 
 from swerl.agent import client as agent_client
-from swerl.agent.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.devservers.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.exec.server import local_node
 from swerl.exec.v1 import sandbox_pb2 as pb
 from swerl.exec.v1 import sandbox_pb2_grpc

@@ -38,7 +38,7 @@ from swerl.agent.gateway.messages import ConversationReader, openai_conversation
 from swerl.agent.gateway.render import Renderer
 from swerl.agent.gateway.service import codec_cache
 from swerl.agent.gateway.session import Session, SessionSpec, SessionStore
-from swerl.agent.policy import Generation
+from swerl.agent.policy.clients import Generation
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 TOKENIZER = str(bundled_qwen3_tokenizer_dir())
@@ -199,7 +199,7 @@ def _replay_script(turns: int) -> list[str]:
 def _serve_replay(port: int, turns: int, ready: Any) -> None:
     import os
 
-    from swerl.agent.replay import ReplayPolicyServer
+    from swerl.devservers.replay import ReplayPolicyServer
 
     # The policy stands for GPUs elsewhere: it must not take this machine's cores from the agent.
     os.nice(10)

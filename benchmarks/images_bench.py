@@ -133,10 +133,10 @@ async def simulate(
     affinity: bool,
     state_dir: Path,
 ) -> dict[str, Any]:
+    from swerl.devservers.simulated_nodes import SimulatedNode, SimulatedRegistry
     from swerl.pool import placement
     from swerl.pool.leases import AcquireRequest, Pool
     from swerl.pool.settings import PoolSettings
-    from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
 
     loop = asyncio.get_running_loop()
     registry = SimulatedRegistry(sizes)

@@ -292,9 +292,9 @@ def part_real(
 def serve_simulated(args: argparse.Namespace) -> None:
     """The pool process of part 2: a PoolServer whose nodes are in-process SimulatedNodes."""
     from swerl.chassis.logging import configure_logging
+    from swerl.devservers.simulated_nodes import SimulatedNode
     from swerl.pool.server import PoolServer, tune_garbage_collector
     from swerl.pool.settings import PoolSettings
-    from swerl.pool.simulated import SimulatedNode
 
     configure_logging("console", os.environ.get("SWERL_BENCH_POOL_LOG_LEVEL", "warning"))
     nodes = {

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -80,7 +83,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _replay_serve(args: argparse.Namespace) -> int:
-    from swerl.agent.replay import HARNESS_SCRIPTS, ReplayPolicyServer, scripts_for_tasks
+    from swerl.devservers.replay import HARNESS_SCRIPTS, ReplayPolicyServer, scripts_for_tasks
     from swerl.tasks import default_tasks_dir, load_tasks
 
     if args.harness and args.harness not in HARNESS_SCRIPTS:
@@ -121,6 +124,76 @@ def _replay_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _scripted_judge(args: argparse.Namespace) -> int:
+    from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+    from swerl.devservers.scripted_prm import Reply, ScriptedJudge
+
+    configure_logging("console", "warning")
+    replies = [Reply(text=text.replace("\\n", "\n"), delay_s=args.delay_s) for text in args.reply]
+    judge = ScriptedJudge(
+        args.tokenizer_path or bundled_qwen3_tokenizer_dir(), default=replies, host=args.host
+    )
+
+    async def main() -> None:
+        # The handlers go in before the server says it serves: a signal sent the moment it
+        # does must find them.
+        with _stop_signals() as stop:
+            await judge.start(args.port)
+            print(f"scripted judge serving /generate on {judge.url}", flush=True)
+            try:
+                await stop.wait()
+            finally:
+                await judge.stop()
+
+    asyncio.run(main())
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[asyncio.Event]:
+    """An event set on the first SIGINT or SIGTERM while the block runs.
+
+    The loop's own handlers, not Python's KeyboardInterrupt: a process started with SIGINT
+    ignored (any background job of a non-interactive shell, so a test runner's or a script's
+    children) inherits SIG_IGN, Python then installs no SIGINT handler and asyncio.run() none
+    either, and the server never stopped on Ctrl-C or a supervisor's SIGINT. SIGTERM (what
+    systemd and docker send) stops it the same way.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for signum in signals:
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        yield stop
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+
+
+def _add_scripted_judge(prm_commands: argparse._SubParsersAction) -> None:
+    """`swerl prm scripted-judge`: a scripted judge model server speaking SGLang's /generate, for
+    demos and local runs without a GPU. A tool beside the PRM service's own `serve`."""
+    scripted = prm_commands.add_parser(
+        "scripted-judge", help="a scripted judge model server (SGLang /generate) for demos"
+    )
+    scripted.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    scripted.add_argument("--port", type=int, default=30000, help="HTTP port")
+    scripted.add_argument(
+        "--tokenizer-path", type=Path, help="judge tokenizer to decode prompts (default: Qwen3)"
+    )
+    scripted.add_argument(
+        "--reply",
+        nargs="+",
+        default=["The step helps.\\n\\boxed{+1}"],
+        help="answers played in order, the last repeating",
+    )
+    scripted.add_argument(
+        "--delay-s", type=float, default=0.0, help="seconds each answer takes (model latency)"
+    )
+    scripted.set_defaults(handler=_scripted_judge)
 
 
 # Packages that add subcommands through a `register(subparsers)` function in their `cli` module.
@@ -226,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Each further service and tool owns its subcommands in `swerl.<name>.cli.register`.
     for name in _REGISTERED:
-        importlib.import_module(f"swerl.{name}.cli").register(services)
+        commands = importlib.import_module(f"swerl.{name}.cli").register(services)
+        if name == "prm":
+            _add_scripted_judge(commands)
     return parser
 
 

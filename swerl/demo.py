@@ -154,11 +154,11 @@ async def run_exec_demo(image: str = DEFAULT_IMAGE) -> int:
 async def run_agent_demo(base_image: str = DEFAULT_IMAGE, concurrency: int = 3) -> int:
     """Part 2: the bundled tasks through pool, exec, agent and evaluation with the replay policy."""
     from swerl.agent import client as agent_client
-    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.agent.server import local_agent
     from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
     from swerl.chassis.client import make_channel
     from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+    from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.stack import local_stack
     from swerl.tasks import build_images, default_tasks_dir, load_tasks
     from swerl.validate import instance_to_pb

@@ -62,6 +62,8 @@ LAYER_OF_PREFIX = {
     "swerl.data": TOOLS,
     "swerl.stack": TOOLS,
     "swerl.e2b": TOOLS,
+    # the replay policy, the scripted PRM judge, the simulated pool nodes (demos, tests, benches)
+    "swerl.devservers": TOOLS,
 }
 # Tools and the plugin are both clients of the services; neither builds on the other.
 SIBLINGS_APART = {(TOOLS, PLUGIN), (PLUGIN, TOOLS)}

@@ -1,7 +1,7 @@
 """An episode's outcome as slime samples, obeying every invariant slime's trainer relies on.
 
-Whole-trajectory mode gives one sample per chain (services/agent/tokens.py): the chain's first
-prompt, then every response (mask 1, the policy's logprobs) and observation (mask 0, logprob
+Whole-trajectory mode gives one sample per chain (services/agent/policy/tokens.py): the chain's
+first prompt, then every response (mask 1, the policy's logprobs) and observation (mask 0, logprob
 0.0). An untrimmed episode is one chain and one sample; after a context trim the episode is a
 list of samples, each exactly what the policy saw and sampled, each with the episode's reward
 (evaluation takes the last chain alone: an eval call must give one sample). Dynamic-history mode

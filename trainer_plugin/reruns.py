@@ -150,7 +150,7 @@ async def run_with_reruns(
 def group_params(params: dict[str, Any], first_id: str, episode_id: str) -> dict[str, Any]:
     """The sampling params of one attempt of a branching group's episode. Without a seed of
     their own the agent derives the branches' seeds from the episode id (crc32 of it, plus
-    1 + branch: services/agent/branching.py `seeds`); a re-run, under a new id, pins that base
+    1 + branch: services/agent/loop/branching.py `seeds`); a re-run, under a new id, pins that base
     to the first attempt's so every branch samples with the same seed again."""
     if episode_id == first_id or isinstance(params.get("sampling_seed"), int):
         return params

@@ -226,7 +226,7 @@ def _history_reasoning(name: str, value: object) -> str:
 
 
 def _tool_schemas(name: str, names: list[Any]) -> tuple[dict[str, Any], ...]:
-    from swerl.agent.tools import TOOLS
+    from swerl.agent.actions.tool_set import TOOLS
 
     unknown = [str(tool) for tool in names if tool not in TOOLS]
     if unknown or not names:
@@ -238,7 +238,7 @@ def _tool_schemas(name: str, names: list[Any]) -> tuple[dict[str, Any], ...]:
 
 
 def _check_parsers(name: str, tool_call_parser: str, reasoning: object) -> None:
-    from swerl.agent.toolcalls import (
+    from swerl.agent.actions.toolcalls import (
         UnknownParserError,
         get_reasoning_parser,
         get_tool_call_format,

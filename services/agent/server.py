@@ -15,8 +15,8 @@ from typing import Any
 
 from swerl.agent.gateway.service import Gateway
 from swerl.agent.gateway.wire import SessionRpcs
-from swerl.agent.runner import EpisodeRunner, JudgeFactory
-from swerl.agent.sandbox import PoolSandboxProvider, SandboxProvider
+from swerl.agent.loop.runner import EpisodeRunner, JudgeFactory
+from swerl.agent.loop.sandbox import PoolSandboxProvider, SandboxProvider
 from swerl.agent.servicer import AgentServicer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -50,7 +50,7 @@ class AgentServer(ServiceHost):
         self._prm = None
         if judge_factory is None:
             # PRM judging over PrmService (swerl.prm); channels open only when an episode asks.
-            from swerl.agent.prm_judge import PrmJudgeFactory
+            from swerl.agent.judging.prm_client import PrmJudgeFactory
 
             prm_token = settings.prm_auth_token or settings.auth_token
             self._prm = judge_factory = PrmJudgeFactory(

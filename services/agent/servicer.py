@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from swerl.agent.board import FinishedEpisodes, list_episodes_response
 from swerl.agent.gateway.wire import SessionRpcs
-from swerl.agent.runner import EpisodeRunner
+from swerl.agent.loop.board import FinishedEpisodes, list_episodes_response
+from swerl.agent.loop.runner import EpisodeRunner
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 

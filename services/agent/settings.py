@@ -6,7 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from swerl.agent.budget import DEFAULT_LEASE_WAIT_S
-from swerl.agent.policy import RETRY_ATTEMPTS, RETRY_MAX_DELAY_S
+from swerl.agent.policy.clients import RETRY_ATTEMPTS, RETRY_MAX_DELAY_S
 from swerl.chassis.settings import ServiceSettings
 
 # The gateway's CPU pool, apart from the episodes': one thread. With more, a burst of calls'

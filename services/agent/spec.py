@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swerl.agent.config import AgentConfig
-from swerl.agent.judging import PrmSpec
+from swerl.agent.judging.steps import PrmSpec
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2
 

@@ -6,7 +6,7 @@ A table, not name arithmetic, so that renaming a value on either side fails the 
 
 from __future__ import annotations
 
-from swerl.agent.judging import StepScore, StepScoreState
+from swerl.agent.judging.steps import StepScore, StepScoreState
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.v1 import agent_pb2 as pb
 

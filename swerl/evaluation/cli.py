@@ -85,7 +85,7 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
     if not args.replay:
         yield args.policy_url
         return
-    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+    from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 
     garbage = args.replay == "garbage"
     # A `tool_calls` config gets scripts written as tool calls in its parser's format.

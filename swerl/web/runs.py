@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swerl.agent.artifacts import SESSION_FILE
 from swerl.agent.gateway.artifacts import SESSION_KIND
+from swerl.agent.loop.artifacts import SESSION_FILE
 from swerl.web.sessions import session_tree
 
 RESULTS_FILE = "results.jsonl"

@@ -18,9 +18,9 @@ from swerl.agent.client import (
     open_episode,
     run_episode,
 )
-from swerl.agent.replay import ReplayPolicyServer, gold_script, script_key, submit_turn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.client import error_info
+from swerl.devservers.replay import ReplayPolicyServer, gold_script, script_key, submit_turn
 
 
 def _bash(command: str) -> str:

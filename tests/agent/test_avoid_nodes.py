@@ -10,12 +10,12 @@ import contextlib
 from test_evaluation_infra import SUBMIT, _Sandbox
 from testkit.agent import bundled_tasks, result_of, start_for
 
-from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
+from swerl.devservers.replay import ReplayPolicyServer, script_key
 from swerl.exec.v1 import evaluate_pb2
 
 

@@ -21,8 +21,9 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
-from swerl.agent.replay import (
+from swerl.agent.judging.steps import StepScore, StepScoreState, TurnToJudge
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import (
     ReplayPolicyServer,
     gold_script,
     patch_turn,
@@ -30,7 +31,6 @@ from swerl.agent.replay import (
     scripts_for_tasks,
     submit_turn,
 )
-from swerl.agent.v1 import agent_pb2 as pb
 from swerl.exec.v1 import evaluate_pb2
 from swerl.pool.client import PoolClient
 

@@ -26,10 +26,10 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.replay import ReplayPolicyServer, claude_code_script, script_key
-from swerl.agent.toolcalls import get_tool_call_format
+from swerl.agent.actions.toolcalls import get_tool_call_format
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
+from swerl.devservers.replay import ReplayPolicyServer, claude_code_script, script_key
 from swerl.exec.v1 import evaluate_pb2
 
 pytestmark = pytest.mark.usefixtures("base_image", "harness_bundle_dir")

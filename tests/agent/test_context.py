@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
-from swerl.agent.tokens import Unit
+from swerl.agent.policy.context import ContextExhausted, ContextPolicy, ContextWindow
+from swerl.agent.policy.tokens import Unit
 
 HEADER = [900, 901]
 FIRST = [1, 2, 3, *HEADER]

@@ -15,8 +15,8 @@ from swerl.agent.gateway.parsing import (
 from swerl.agent.gateway.service import Gateway
 from swerl.agent.gateway.session import SessionSpec
 from swerl.agent.harnesses import DEFAULT_HARNESS, HARNESSES, harness_named
-from swerl.agent.judging import PRM_STEP_TIMEOUT_S, PrmSpec
-from swerl.agent.sandbox import PoolSandboxProvider
+from swerl.agent.judging.steps import PRM_STEP_TIMEOUT_S, PrmSpec
+from swerl.agent.loop.sandbox import PoolSandboxProvider
 from swerl.agent.settings import POLICY_REQUEST_TIMEOUT_S, AgentSettings
 from swerl.agent.spec import is_harnessed
 

@@ -16,8 +16,8 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 
 CONTEXT_LENGTH = 3000
 MAX_NEW = 256

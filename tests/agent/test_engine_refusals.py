@@ -11,14 +11,14 @@ from array import array
 import aiohttp
 import pytest
 
-from swerl.agent.context import ContextExhausted
-from swerl.agent.policy import (
+from swerl.agent.policy.clients import (
     PolicyUnavailable,
     SglangPolicy,
     over_context_length,
     parse_generate_reply,
 )
-from swerl.agent.replay import ReplayPolicyServer
+from swerl.agent.policy.context import ContextExhausted
+from swerl.devservers.replay import ReplayPolicyServer
 
 
 @pytest.mark.parametrize(("prompt_len", "max_new"), [(100, 8), (90, 20)])

@@ -19,9 +19,9 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.agent.judging.steps import StepScore, StepScoreState, TurnToJudge
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 
 pytestmark = pytest.mark.usefixtures("base_image")
 

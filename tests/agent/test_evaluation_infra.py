@@ -9,12 +9,12 @@ import contextlib
 import pytest
 from testkit.agent import bundled_tasks, result_of, start_for
 
-from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
+from swerl.devservers.replay import ReplayPolicyServer, script_key
 from swerl.exec.client import ExecResult
 from swerl.exec.v1 import evaluate_pb2
 

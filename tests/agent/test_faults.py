@@ -25,9 +25,9 @@ from testkit.agent import (
     until_running,
 )
 
-from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
+from swerl.devservers.replay import ReplayPolicyServer, script_key
 from swerl.pool.client import PoolClient
 
 pytestmark = pytest.mark.usefixtures("base_image")

@@ -14,7 +14,7 @@ from testkit.gateway import ANTHROPIC_BASH_TOOL, KEY, assert_chains_exact, gatew
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind
-from swerl.agent.policy import policy_retrying
+from swerl.agent.policy.clients import policy_retrying
 
 SYSTEM = "You are a careful engineer."
 

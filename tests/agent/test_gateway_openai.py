@@ -13,7 +13,7 @@ from testkit.gateway import BASH_TOOL, KEY, assert_chains_exact, async_client, g
 
 from swerl.agent.gateway.session import SessionState
 from swerl.agent.gateway.tree import CallKind
-from swerl.agent.policy import policy_retrying
+from swerl.agent.policy.clients import policy_retrying
 
 
 def _conversation() -> list[dict]:

@@ -13,7 +13,7 @@ from testkit.gateway import BASH_TOOL, KEY, async_client, gateway_env
 
 from swerl.agent.gateway.service import local_gateway
 from swerl.agent.gateway.session import GATEWAY_TURNS
-from swerl.agent.pacing import IterationGate
+from swerl.agent.loop.pacing import IterationGate
 from swerl.agent.settings import GATEWAY_CPU_THREADS
 
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from swerl.agent.gateway.render import _STAND_IN, Renderer, _fast
-from swerl.agent.tokens import ChatCodec
+from swerl.agent.policy.tokens import ChatCodec
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 TOKENIZER = str(bundled_qwen3_tokenizer_dir())

@@ -13,12 +13,12 @@ from google.protobuf import struct_pb2
 from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 from testkit.grpcurl import Grpcurl, json_messages
 
-from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import GATEWAY_CPU_THREADS, AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
+from swerl.devservers.replay import ReplayPolicyServer
 
 TOKEN = "gateway-rpc-token"
 

@@ -1,4 +1,4 @@
-"""A harness episode's model: its own gateway session (swerl.agent.harness_model), on the real
+"""A harness episode's model: its own gateway session (swerl.agent.harnesses.model), on the real
 stack (dockerd, pool, exec node, agent on port 0, the replay policy server speaking SGLang's
 /generate). The harness here is a test harness behind swerl's `Harness` Protocol that talks to
 its session with the real `openai` SDK and runs the policy's bash tool calls in its sandbox."""
@@ -24,13 +24,13 @@ from testkit.agent import (
     start_for,
 )
 
+from swerl.agent.actions.toolcalls import get_tool_call_format
 from swerl.agent.harnesses import HARNESSES, HarnessRun
-from swerl.agent.replay import ReplayPolicyServer, script_key
 from swerl.agent.status import EpisodeStatus
-from swerl.agent.toolcalls import get_tool_call_format
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.client import error_info
 from swerl.chassis.timeconv import duration_pb
+from swerl.devservers.replay import ReplayPolicyServer, script_key
 from swerl.exec.v1 import evaluate_pb2
 
 pytestmark = pytest.mark.usefixtures("base_image")

@@ -31,15 +31,15 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.replay import (
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.chassis.timeconv import duration_pb
+from swerl.devservers.replay import (
     ReplayPolicyServer,
     _mini_bash,
     mini_swe_agent_script,
     script_key,
     scripts_for_tasks,
 )
-from swerl.agent.v1 import agent_pb2 as pb
-from swerl.chassis.timeconv import duration_pb
 from swerl.exec.v1 import evaluate_pb2
 
 pytestmark = pytest.mark.usefixtures("base_image")

@@ -15,8 +15,8 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.replay import gold_script
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import gold_script
 
 pytestmark = pytest.mark.usefixtures("base_image")
 

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from swerl.agent.policy import PolicyUnavailable, SglangPolicy, policy_retrying
-from swerl.agent.replay import ReplayPolicyServer
+from swerl.agent.policy.clients import PolicyUnavailable, SglangPolicy, policy_retrying
+from swerl.devservers.replay import ReplayPolicyServer
 
 PROMPT = array("i", range(1, 40))
 

@@ -11,11 +11,11 @@ import aiohttp
 from testkit.agent import TOKENIZER_DIR
 
 from swerl.agent.config import load_config
-from swerl.agent.modes import TokenMode
-from swerl.agent.policy import SglangPolicy
-from swerl.agent.replay import PrefixCacheModel, ReplayPolicyServer, script_key
-from swerl.agent.tokens import ChatCodec
+from swerl.agent.policy.clients import SglangPolicy
+from swerl.agent.policy.modes import TokenMode
+from swerl.agent.policy.tokens import ChatCodec
 from swerl.chassis.hf import load_tokenizer
+from swerl.devservers.replay import PrefixCacheModel, ReplayPolicyServer, script_key
 
 ISSUE = "Parsing breaks on empty sections."
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swerl.agent.judging import StepScore, StepScoreState, trajectory_reward, turn_reward
-from swerl.agent.prm_judge import STEP_STATE_OF_JUDGE_STATE, step_score_of
+from swerl.agent.judging.prm_client import STEP_STATE_OF_JUDGE_STATE, step_score_of
+from swerl.agent.judging.steps import StepScore, StepScoreState, trajectory_reward, turn_reward
 from swerl.prm.votes import JudgeState, Verdict, Vote
 
 S = StepScoreState

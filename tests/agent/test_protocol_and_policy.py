@@ -9,11 +9,16 @@ from array import array
 import aiohttp
 import pytest
 
+from swerl.agent.actions.bash_block import (
+    parse_action,
+    render_format_error,
+    render_observation,
+    submission,
+)
 from swerl.agent.config import load_config
 from swerl.agent.errors import UnknownConfig
-from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
-from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
-from swerl.agent.replay import ReplayPolicyServer
+from swerl.agent.policy.clients import PolicyUnavailable, SglangPolicy, parse_generate_reply
+from swerl.devservers.replay import ReplayPolicyServer
 
 
 def test_exactly_one_bash_block_is_an_action() -> None:

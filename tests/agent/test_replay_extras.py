@@ -21,15 +21,15 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.policy import PolicyUnavailable, SglangPolicy, parse_generate_reply
-from swerl.agent.replay import (
+from swerl.agent.policy.clients import PolicyUnavailable, SglangPolicy, parse_generate_reply
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import (
     REPLAY_EXPERTS_PER_TOKEN,
     ReplayPolicyServer,
     replay_experts,
     replay_top_p,
     scripts_for_tasks,
 )
-from swerl.agent.v1 import agent_pb2 as pb
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 

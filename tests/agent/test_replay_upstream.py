@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from swerl.agent.policy import over_context_length
-from swerl.agent.replay import ReplayPolicyServer
+from swerl.agent.policy.clients import over_context_length
+from swerl.devservers.replay import ReplayPolicyServer
 
-SGLANG = "0.5.23"  # the version services/agent/replay.py and policy.py cite
+SGLANG = "0.5.23"  # the version swerl/devservers/replay.py and policy.py cite
 HTTP = "sglang/srt/entrypoints/http_server.py"
 TM = "sglang/srt/managers/tokenizer_manager.py"
 

@@ -2,7 +2,7 @@
 its Rust binary `smg`) in front of two replay workers, with the policy that honours
 `X-SMG-Routing-Key`, keeps every turn of an episode on one worker (so that worker's prefix
 cache holds the episode's context). The agent's policy client sends the episode id as the key
-(services/agent/runner.py); here the real SglangPolicy sends it per episode.
+(services/agent/loop/runner.py); here the real SglangPolicy sends it per episode.
 
 sglang-router 0.3.2 (PyPI) names the key-honouring policy `manual`; slime's own build of the
 router (build_conda.sh:149) adds `consistent_hashing`, which slime's rollout pairs with the same
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import aiohttp
 
-from swerl.agent.policy import SglangPolicy
-from swerl.agent.replay import ReplayPolicyServer
+from swerl.agent.policy.clients import SglangPolicy
+from swerl.devservers.replay import ReplayPolicyServer
 
 HEADER = "X-SMG-Routing-Key"
 EPISODES = 16

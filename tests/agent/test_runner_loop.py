@@ -22,12 +22,12 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.episode import Episode
-from swerl.agent.pacing import IterationGate
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
-from swerl.agent.runner import EpisodeRunner
+from swerl.agent.loop.episode import Episode
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.loop.runner import EpisodeRunner
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 
 
 async def test_a_burst_of_starts_passes_the_gate_a_few_per_loop_iteration() -> None:

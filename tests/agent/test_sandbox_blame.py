@@ -16,13 +16,13 @@ from testkit import slime_standin  # the framework stand-in of the plugin's own 
 from testkit.agent import bundled_tasks, check_record, result_of, start_for
 
 from swerl.agent.errors import EpisodeInfraError
-from swerl.agent.replay import ReplayPolicyServer, script_key
-from swerl.agent.sandbox import SANDBOX_NOT_RUNNING
+from swerl.agent.loop.sandbox import SANDBOX_NOT_RUNNING
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
+from swerl.devservers.replay import ReplayPolicyServer, script_key
 from swerl.exec.client import ExecResult
 from swerl.trainer_plugin.convert import INFRA_ERROR, outcome_to_samples
 from swerl.trainer_plugin.episode import EpisodeOutcome

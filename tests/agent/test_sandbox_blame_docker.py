@@ -18,8 +18,8 @@ from testkit.agent import (
     start_for,
 )
 
-from swerl.agent.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import ReplayPolicyServer, script_key, submit_turn
 from swerl.trainer_plugin.convert import INFRA_ERROR, outcome_to_samples
 from swerl.trainer_plugin.episode import EpisodeOutcome
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swerl.agent.context import ContextPolicy, ContextWindow
-from swerl.agent.modes import TokenMode
-from swerl.agent.policy import Generation, PolicyUnavailable
-from swerl.agent.runner import EpisodeRunner
+from swerl.agent.loop.runner import EpisodeRunner
+from swerl.agent.policy.clients import Generation, PolicyUnavailable
+from swerl.agent.policy.context import ContextPolicy, ContextWindow
+from swerl.agent.policy.modes import TokenMode
+from swerl.agent.policy.tokens import ChatCodec, RoutedExperts, TokenRecordData, Trajectory
 from swerl.agent.settings import AgentSettings
-from swerl.agent.tokens import ChatCodec, RoutedExperts, TokenRecordData, Trajectory
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 

@@ -12,13 +12,13 @@ import pytest
 from testkit.agent import agent_stack, bundled_tasks, check_record, result_of, run_to_result
 from testkit.agent import start_for as bash_start_for
 
-from swerl.agent.replay import (
+from swerl.agent.actions.toolcalls import get_tool_call_format
+from swerl.agent.v1 import agent_pb2 as pb
+from swerl.devservers.replay import (
     ReplayPolicyServer,
     gold_tool_script,
     script_key,
 )
-from swerl.agent.toolcalls import get_tool_call_format
-from swerl.agent.v1 import agent_pb2 as pb
 
 pytestmark = pytest.mark.usefixtures("base_image")
 QWEN = get_tool_call_format("qwen25")

@@ -20,12 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from swerl.agent.actions.tool_turn import assistant_message, parse_sampled
+from swerl.agent.actions.toolcalls import CallIds
 from swerl.agent.config import load_config
-from swerl.agent.modes import ContextExhausted, TokenMode
-from swerl.agent.policy import Generation
-from swerl.agent.tokens import ChatCodec
-from swerl.agent.toolcalls import CallIds
-from swerl.agent.toolturn import assistant_message, parse_sampled
+from swerl.agent.policy.clients import Generation
+from swerl.agent.policy.modes import ContextExhausted, TokenMode
+from swerl.agent.policy.tokens import ChatCodec
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 
 CONFIG = load_config("tools")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from swerl.agent.toolcalls import (
+from swerl.agent.actions.toolcalls import (
     REASONING_PARSERS,
     TOOL_CALL_FORMATS,
     CallIds,

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from swerl.agent.sandbox import PoolSandboxProvider
-from swerl.agent.toolcalls import CallIds, ToolCall, check_call
-from swerl.agent.tools import TOOLS, ToolBox
+from swerl.agent.actions.tool_set import TOOLS, ToolBox
+from swerl.agent.actions.toolcalls import CallIds, ToolCall, check_call
+from swerl.agent.loop.sandbox import PoolSandboxProvider
 from swerl.pool.client import PoolClient
 from swerl.stack import local_stack
 

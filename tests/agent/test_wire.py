@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from swerl.agent.judging import StepScore, StepScoreState
+from swerl.agent.judging.steps import StepScore, StepScoreState
 from swerl.agent.status import EpisodeStatus
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.wire import (

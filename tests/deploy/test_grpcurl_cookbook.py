@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.prm.scripted import ScriptedJudge, verdict
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.devservers.scripted_prm import ScriptedJudge, verdict
 from swerl.prm.server import PrmServer
 from swerl.prm.settings import PrmSettings
 from swerl.stack import local_stack

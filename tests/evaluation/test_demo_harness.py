@@ -12,8 +12,8 @@ import pytest
 from testkit.agent import agent_stack, bundled_tasks, sandboxes_left
 from testkit.gateway import TOKENIZER
 
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.demo import HARNESS, harness_tour
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.web.runs import Run
 
 pytestmark = pytest.mark.usefixtures("base_image")

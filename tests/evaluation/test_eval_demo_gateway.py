@@ -11,10 +11,10 @@ import openai
 from google.protobuf import struct_pb2
 from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 
-from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
+from swerl.devservers.replay import ReplayPolicyServer
 from swerl.evaluation import cli
 
 

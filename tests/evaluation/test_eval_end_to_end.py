@@ -233,8 +233,8 @@ def test_bad_invocations_exit_2_with_a_reason(tmp_path):
 async def test_eval_uses_running_services_with_agent_or_pool(tmp_path):
     import asyncio
 
-    from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.agent.server import local_agent
+    from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
     from swerl.stack import local_stack
 
     tasks = [t for t in load_tasks(TASKS) if t.instance_id in ALL[:2]]

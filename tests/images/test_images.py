@@ -221,12 +221,12 @@ async def test_cli_finds_the_nodes_through_the_pool(base_image, capsys):
 
 
 def test_pre_pull_homes_are_the_pools_homes_when_some_nodes_are_not_healthy(tmp_path):
+    from swerl.devservers.simulated_nodes import SimulatedNode
     from swerl.images.pull import PoolNode, home_plan
     from swerl.pool import placement
     from swerl.pool.model import Node, NodeState
     from swerl.pool.pulls import Pulls
     from swerl.pool.settings import PoolSettings
-    from swerl.pool.simulated import SimulatedNode
     from swerl.pool.state import PoolState
 
     state = PoolState(

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from swerl.devservers.simulated_nodes import SimulatedNode
 from swerl.pool import placement
 from swerl.pool.errors import ImageNotPresent, LeaseCancelled, NodeFull
 from swerl.pool.model import (
@@ -24,7 +25,6 @@ from swerl.pool.model import (
 )
 from swerl.pool.placement import Choice
 from swerl.pool.settings import PoolSettings
-from swerl.pool.simulated import SimulatedNode
 from swerl.pool.state import InvalidTransition, PoolState
 
 IMAGE = "swerl-base:bookworm"

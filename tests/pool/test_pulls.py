@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from swerl.devservers.simulated_nodes import SimulatedNode, SimulatedRegistry
 from swerl.pool.errors import (
     ImageNotFound,
     ImagePulling,
@@ -20,7 +21,6 @@ from swerl.pool.errors import (
 )
 from swerl.pool.leases import ENDED, PULLING, AcquireRequest, Pool
 from swerl.pool.settings import PoolSettings
-from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
 
 TASK = "registry.local:5000/swe/task-1:latest"
 GIB = 1 << 30

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from swerl.chassis import capability
+from swerl.devservers.simulated_nodes import SimulatedNode
 from swerl.pool.errors import ImageNotPresent, InvalidLeaseRequest, NodeNotFound, PoolAtCapacity
 from swerl.pool.leases import (
     ACTIVE,
@@ -25,7 +26,6 @@ from swerl.pool.leases import (
     Spec,
 )
 from swerl.pool.settings import PoolSettings
-from swerl.pool.simulated import SimulatedNode
 from swerl.pool.store import PoolStore
 
 IMAGE = "swerl-base:bookworm"

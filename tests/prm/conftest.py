@@ -11,7 +11,7 @@ import pytest
 from testkit.prm import RunningPrm, build_judge_tokenizer, prm_settings, start_prm, stop_prm
 
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
-from swerl.prm.scripted import ScriptedJudge
+from swerl.devservers.scripted_prm import ScriptedJudge
 
 
 @pytest.fixture(scope="session")

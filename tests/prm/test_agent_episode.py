@@ -10,8 +10,7 @@ import pytest
 from testkit.prm import TOKEN
 
 from swerl.agent.config import SUBMIT_SENTINEL
-from swerl.agent.prm_judge import PrmJudgeFactory
-from swerl.agent.replay import ReplayPolicyServer, patch_turn, script_key
+from swerl.agent.judging.prm_client import PrmJudgeFactory
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as apb
@@ -19,7 +18,8 @@ from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
-from swerl.prm.scripted import HANG, Reply, Rule, verdict
+from swerl.devservers.replay import ReplayPolicyServer, patch_turn, script_key
+from swerl.devservers.scripted_prm import HANG, Reply, Rule, verdict
 from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.validate import instance_to_pb

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from testkit.prm import ISSUE, TOKEN
 
-from swerl.agent.episode import PrmSpec
-from swerl.agent.judging import StepScore, StepScoreState, TurnToJudge
-from swerl.agent.prm_judge import PrmJudgeFactory
-from swerl.prm.scripted import Rule, verdict
+from swerl.agent.judging.prm_client import PrmJudgeFactory
+from swerl.agent.judging.steps import StepScore, StepScoreState, TurnToJudge
+from swerl.agent.loop.episode import PrmSpec
+from swerl.devservers.scripted_prm import Rule, verdict
 from swerl.prm.votes import vote_seed
 
 

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from testkit.prm import make_step
 
 from swerl.chassis.client import make_channel
+from swerl.devservers.scripted_prm import verdict
 from swerl.prm.client import PrmClient
-from swerl.prm.scripted import verdict
 from swerl.prm.settings import PrmSettings
 from swerl.prm.votes import JudgeState
 

@@ -9,8 +9,8 @@ import time
 from testkit.prm import make_step
 
 from swerl.chassis.client import make_channel
+from swerl.devservers.scripted_prm import HANG, Rule, verdict
 from swerl.prm.client import PrmClient
-from swerl.prm.scripted import HANG, Rule, verdict
 from swerl.prm.votes import JudgeState
 
 

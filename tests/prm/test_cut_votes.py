@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from testkit.prm import make_step
 
+from swerl.devservers.scripted_prm import verdict
 from swerl.prm.client import judge_request
-from swerl.prm.scripted import verdict
 from swerl.prm.v1 import prm_pb2 as pb
 
 

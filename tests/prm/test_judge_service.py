@@ -12,9 +12,9 @@ from testkit.prm import ISSUE, JUDGE_TEMPLATE_MARK, make_step, rpc_failure
 
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import load_tokenizer
+from swerl.devservers.scripted_prm import DROP, HANG, Reply, Rule, verdict
 from swerl.prm.client import judge_request
 from swerl.prm.prompt import PromptLimits, build_messages
-from swerl.prm.scripted import DROP, HANG, Reply, Rule, verdict
 from swerl.prm.v1 import prm_pb2 as pb
 from swerl.prm.v1 import prm_pb2_grpc
 from swerl.prm.votes import JudgeState, vote_seed

@@ -17,7 +17,7 @@ from google.rpc import error_details_pb2
 from testkit.grpcurl import json_messages
 from testkit.prm import ISSUE, TOKEN
 
-from swerl.prm.scripted import verdict
+from swerl.devservers.scripted_prm import verdict
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import time
 import aiohttp
 import pytest
 
-from swerl.agent.policy import PolicyUnavailable, SglangPolicy
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
+from swerl.agent.policy.clients import PolicyUnavailable, SglangPolicy
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.tasks import default_tasks_dir, load_tasks
 
 

@@ -11,13 +11,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from swerl.agent.replay import ReplayPolicyServer, replay_logprob
 from swerl.agent.server import AgentServer, local_agent
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.chassis.timeconv import duration_pb
+from swerl.devservers.replay import ReplayPolicyServer, replay_logprob
 from swerl.pool.client import PoolClient
 from swerl.pool.v1 import pool_pb2
 from swerl.stack import LocalStack, local_stack

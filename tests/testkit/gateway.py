@@ -11,8 +11,8 @@ from typing import Any
 
 from swerl.agent.gateway.service import Gateway, local_gateway
 from swerl.agent.gateway.session import Session, SessionSpec
-from swerl.agent.replay import ReplayPolicyServer
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.devservers.replay import ReplayPolicyServer
 
 TOKENIZER = str(bundled_qwen3_tokenizer_dir())
 KEY = "GATEWAY-TASK-7"

@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 
 from swerl.chassis.client import error_info, make_channel
+from swerl.devservers.scripted_prm import ScriptedJudge
 from swerl.prm.client import PrmClient
 from swerl.prm.prompt import CurrentStep, HistoryStep, StepToJudge
-from swerl.prm.scripted import ScriptedJudge
 from swerl.prm.server import PrmServer
 from swerl.prm.settings import PrmSettings
 from swerl.prm.v1 import prm_pb2_grpc

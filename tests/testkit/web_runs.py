@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import make_channel
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from testkit.web import run_episode, start_message

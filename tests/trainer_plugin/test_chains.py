@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from testkit.plugin import make_args, make_sample
 
-from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
-from swerl.agent.tokens import ChatCodec, TokenRecordData, Trajectory
+from swerl.agent.policy.context import ContextExhausted, ContextPolicy, ContextWindow
+from swerl.agent.policy.tokens import ChatCodec, TokenRecordData, Trajectory
 from swerl.agent.v1 import agent_pb2
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 from swerl.trainer_plugin import convert
@@ -49,7 +49,7 @@ def _pb(record: TokenRecordData, reward: float) -> agent_pb2.TokenRecord:
 
 
 def _result(records: list[TokenRecordData], reward: float) -> agent_pb2.EpisodeResult:
-    """The agent's EpisodeResult (services/agent/episode.py `_fill_records`)."""
+    """The agent's EpisodeResult (services/agent/loop/episode.py `_fill_records`)."""
     result = agent_pb2.EpisodeResult(
         episode_id="ep-1", status=agent_pb2.EPISODE_STATUS_SUBMITTED, reward=reward
     )

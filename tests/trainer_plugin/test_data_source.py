@@ -19,10 +19,10 @@ from testkit.plugin import make_args
 from testkit.standin_common import load_function
 from testkit.standin_data_source import DATA_ARGS
 
+from swerl.devservers.simulated_nodes import SimulatedNode, SimulatedRegistry
 from swerl.exec.sweinstance import image_name_for
 from swerl.pool.server import PoolServer
 from swerl.pool.settings import PoolSettings
-from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
 from swerl.trainer_plugin import data_source
 from swerl.trainer_plugin.prefetch import _prefetchers
 

@@ -22,7 +22,9 @@ import pytest
 from testkit.playback import eventually
 from testkit.plugin import SAMPLING_PARAMS, make_args
 
-from swerl.agent.replay import (
+from swerl.agent.server import local_agent
+from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
+from swerl.devservers.replay import (
     ReplayPolicyServer,
     replay_experts,
     replay_logprob,
@@ -30,8 +32,6 @@ from swerl.agent.replay import (
     script_key,
     scripts_for_tasks,
 )
-from swerl.agent.server import local_agent
-from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 from swerl.stack import local_stack
 from swerl.tasks import default_tasks_dir, load_tasks
 from swerl.trainer_plugin import (

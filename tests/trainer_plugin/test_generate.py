@@ -385,10 +385,10 @@ async def test_response_text_is_decoded_with_the_tokenizer_the_framework_loaded(
 async def test_a_batch_of_generate_calls_prefetches_its_images_in_one_call(
     fw, sampling_params, tmp_path
 ):
+    from swerl.devservers.simulated_nodes import SimulatedNode, SimulatedRegistry
     from swerl.exec.sweinstance import image_name_for
     from swerl.pool.server import PoolServer
     from swerl.pool.settings import PoolSettings
-    from swerl.pool.simulated import SimulatedNode, SimulatedRegistry
 
     ids = [f"swe-gym__task-{i}" for i in range(3)]
     images = [image_name_for(i, "SWE-Gym/SWE-Gym") for i in ids]

@@ -23,11 +23,11 @@ from testkit.web import (
     start_message,
 )
 
-from swerl.agent.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.agent.server import local_agent
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
+from swerl.devservers.replay import ReplayPolicyServer, scripts_for_tasks
 from swerl.stack import local_stack
 from swerl.tasks import build_images, default_tasks_dir, load_tasks
 from swerl.web.dashboard import DashboardConfig, make_app

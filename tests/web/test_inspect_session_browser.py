@@ -16,12 +16,12 @@ from selenium.webdriver.common.by import By
 from testkit.gateway import BASH_TOOL, KEY, SCRIPT, TOKENIZER
 from testkit.web import Served, console_errors, save_screenshot
 
-from swerl.agent.replay import ReplayPolicyServer
 from swerl.agent.server import AgentServer
 from swerl.agent.settings import AgentSettings
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
 from swerl.chassis.client import error_info, make_channel
+from swerl.devservers.replay import ReplayPolicyServer
 
 TOKEN = "inspect-session-token"
 

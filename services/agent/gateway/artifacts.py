@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
-from swerl.agent.artifacts import SESSION_FILE, episode_dir
+from swerl.agent.loop.artifacts import SESSION_FILE, episode_dir
 from swerl.agent.v1 import agent_pb2 as pb
 
 SESSION_KIND = "gateway-session"

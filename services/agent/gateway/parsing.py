@@ -1,5 +1,5 @@
 """The policy's sampled text as an assistant turn: reasoning, content and tool calls, read by the
-agent's tool-call and reasoning parsers (`swerl.agent.toolcalls`, named like SGLang's
+agent's tool-call and reasoning parsers (`swerl.agent.actions.toolcalls`, named like SGLang's
 `--tool-call-parser` / `--reasoning-parser`).
 
 As SGLang's OpenAI server does, a call whose arguments parse is returned as a tool call even
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swerl.agent.gateway.errors import InvalidSessionSpec
-from swerl.agent.gateway.messages import ToolCall
-from swerl.agent.toolcalls import (
+from swerl.agent.actions.toolcalls import (
     REASONING_PARSERS,
     TOOL_CALL_FORMATS,
     parse_reply,
 )
+from swerl.agent.gateway.errors import InvalidSessionSpec
+from swerl.agent.gateway.messages import ToolCall
 
 # The parsers of a session that names none (an OpenSession without them, a harness episode whose
 # agent config names none): Qwen3's (Hermes-style <tool_call> JSON, <think> reasoning), the

@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from swerl.agent.tokens import ChatCodec, TemplateMismatch
+from swerl.agent.policy.tokens import ChatCodec, TemplateMismatch
 
 _SENTINEL = "SWERL_GATEWAY_SENTINEL_9c1e"
 _STAND_IN: list[dict[str, Any]] = [

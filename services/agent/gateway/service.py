@@ -22,15 +22,15 @@ import aiohttp
 
 from swerl.agent.gateway.http import GatewayServer
 from swerl.agent.gateway.session import CodecSource, Session, SessionSpec, SessionStore
-from swerl.agent.policy import (
+from swerl.agent.policy.clients import (
     RETRY_ATTEMPTS,
     RETRY_MAX_DELAY_S,
     SglangPolicy,
     TokenPolicy,
     policy_retrying,
 )
+from swerl.agent.policy.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.agent.settings import GATEWAY_CPU_THREADS, POLICY_REQUEST_TIMEOUT_S
-from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
 

@@ -48,9 +48,9 @@ from swerl.agent.gateway.messages import (
 from swerl.agent.gateway.parsing import OutputParser, ParsedOutput, output_parser
 from swerl.agent.gateway.render import OverBudget, Renderer
 from swerl.agent.gateway.tree import CallKind, CallNode, CallTree, chain_records
-from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import Generation, PolicyUnavailable, TokenPolicy
-from swerl.agent.tokens import ChatCodec, TokenRecordData
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.policy.clients import Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.policy.tokens import ChatCodec, TokenRecordData
 
 T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 4096

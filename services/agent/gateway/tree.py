@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from swerl.agent.tokens import TokenRecordData
+from swerl.agent.policy.tokens import TokenRecordData
 
 # Ids at the end of a parent's tokens that a child's prompt is checked against when recorded.
 _SEAM = 16

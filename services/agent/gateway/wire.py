@@ -15,7 +15,7 @@ from swerl.agent.gateway.artifacts import write_session
 from swerl.agent.gateway.errors import GatewayDisabled, InvalidSessionSpec
 from swerl.agent.gateway.session import Session, SessionSpec, SessionState
 from swerl.agent.gateway.tree import CallKind
-from swerl.agent.tokens import TokenRecordData
+from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import seconds_of
 

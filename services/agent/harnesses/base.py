@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from swerl.agent.sandbox import SandboxHandle
+from swerl.agent.loop.sandbox import SandboxHandle
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.status import EpisodeStatus
 

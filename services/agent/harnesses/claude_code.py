@@ -24,7 +24,7 @@ import shlex
 import uuid
 
 from swerl.agent.harnesses.base import HarnessFailed, HarnessRun
-from swerl.agent.sandbox import HarnessMount, SandboxHandle
+from swerl.agent.loop.sandbox import HarnessMount, SandboxHandle
 from swerl.agent.status import EpisodeStatus
 
 # The harness's files inside the sandbox: task prompt, its output and errors, exit status.

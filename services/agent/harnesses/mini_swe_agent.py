@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.harnesses.base import HarnessFailed, HarnessModel, HarnessRun
 from swerl.agent.harnesses.mini_env import SandboxEnvironmentBase
-from swerl.agent.sandbox import SandboxHandle
+from swerl.agent.loop.sandbox import SandboxHandle
 from swerl.agent.settings import POLICY_REQUEST_TIMEOUT_S
 from swerl.agent.status import EpisodeStatus
 from swerl.chassis.extras import OptionalPackage

@@ -26,8 +26,8 @@ from swerl.agent.gateway.service import Gateway
 from swerl.agent.gateway.session import Session, SessionSpec, SessionState
 from swerl.agent.gateway.wire import session_pb
 from swerl.agent.harnesses.base import HarnessModel
+from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.spec import EpisodeSpec
-from swerl.agent.tokens import TokenRecordData
 from swerl.chassis.errors import SwerlError
 
 T = TypeVar("T")

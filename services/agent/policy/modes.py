@@ -24,9 +24,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from swerl.agent.context import ContextExhausted, ContextPolicy, ContextWindow
-from swerl.agent.policy import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
-from swerl.agent.tokens import (
+from swerl.agent.policy.clients import ChatPolicy, Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.policy.context import ContextExhausted, ContextPolicy, ContextWindow
+from swerl.agent.policy.tokens import (
     ChatCodec,
     RoutedExperts,
     TokenRecordData,

@@ -19,7 +19,7 @@ from google.protobuf.json_format import MessageToDict
 from swerl.agent.v1 import agent_pb2 as pb
 
 if TYPE_CHECKING:
-    from swerl.agent.episode import Episode
+    from swerl.agent.loop.episode import Episode
 
 # The gateway session tree's file (swerl.agent.gateway.artifacts writes the same for a session).
 SESSION_FILE = "session.json"

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swerl.agent.toolcalls import ToolCall
+from swerl.agent.actions.toolcalls import ToolCall
 
 if TYPE_CHECKING:  # the Protocol only: this module runs calls, it imports no grpc
-    from swerl.agent.sandbox import SandboxHandle
+    from swerl.agent.loop.sandbox import SandboxHandle
 
 BASH_TOOL = {
     "type": "function",

@@ -148,7 +148,7 @@ def destructive_script() -> list[str]:
 
 def _calls(text: str, *calls: tuple[str, dict[str, Any]], parser: str = "qwen25") -> str:
     """A reply: the text, then each call the way the model writes it in `parser`'s format."""
-    from swerl.agent.toolcalls import get_tool_call_format
+    from swerl.agent.actions.toolcalls import get_tool_call_format
 
     fmt = get_tool_call_format(parser)
     return text + "".join("\n" + fmt.render_call(name, args) for name, args in calls)

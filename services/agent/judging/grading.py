@@ -9,8 +9,12 @@ sandbox the policy broke, none where nothing was graded.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+from swerl.agent import budget
 from swerl.agent.errors import EpisodeInfraError
-from swerl.agent.sandbox import SandboxProvider, guarded
+from swerl.agent.loop.sandbox import SandboxProvider, guarded
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.status import EpisodeStatus
 from swerl.exec.v1 import evaluate_pb2
@@ -35,6 +39,34 @@ async def evaluate(
         avoid_node_ids=spec.avoid_node_ids,
     ) as grader:
         return await guarded(grader, grader.evaluate(spec.instance, patch, timeout_s))
+
+
+async def evaluate_in_budget(
+    provider: SandboxProvider,
+    spec: EpisodeSpec,
+    key: str,
+    patch: bytes,
+    budget_started: float | None,
+) -> evaluate_pb2.EvaluationReport:
+    """`evaluate` for an episode. A harness episode (its one budget started at `budget_started`,
+    its lease) grades with what is left of that budget (swerl.agent.budget) and must end within
+    it plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET. swerl's own loop
+    (`budget_started` None) grades within its eval_timeout."""
+    limit_s, bound_s = spec.eval_timeout_s, None
+    if budget_started is not None:
+        left_s = spec.wall_timeout_s - (time.monotonic() - budget_started)
+        limit_s = budget.grading_limit_s(left_s, spec.eval_timeout_s)
+        bound_s = max(left_s, limit_s) + budget.GRADING_OVERHEAD_S
+    try:
+        return await asyncio.wait_for(evaluate(provider, spec, key, patch, limit_s), bound_s)
+    except TimeoutError as err:
+        if bound_s is None:
+            raise
+        raise EpisodeInfraError(
+            "GRADING_OVER_BUDGET",
+            f"the grading did not end within the episode's budget ({spec.wall_timeout_s:g} s"
+            f" from its lease, plus {budget.GRADING_OVERHEAD_S:g} s for the grading itself)",
+        ) from err
 
 
 # Reasons an evaluation's report gives for a fault of its node (its sandbox or dockerd): the

@@ -22,7 +22,7 @@ import uuid
 
 import grpc
 
-from swerl.agent.judging import PrmSpec, StepScore, StepScoreState, TurnToJudge
+from swerl.agent.judging.steps import PrmSpec, StepScore, StepScoreState, TurnToJudge
 from swerl.chassis.client import make_channel
 from swerl.prm.client import DEFAULT_TIMEOUT_S, PrmClient
 from swerl.prm.prompt import CurrentStep, HistoryStep, StepToJudge

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from swerl.agent.episode import Episode
+from swerl.agent.loop.episode import Episode
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 

@@ -16,7 +16,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from swerl.agent.tokens import Unit, token_array
+from swerl.agent.policy.tokens import Unit, token_array
 
 
 class ContextExhausted(Exception):

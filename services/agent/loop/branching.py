@@ -16,7 +16,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
-from swerl.agent.sandbox import ForkedSandbox, SandboxHandle, SandboxProvider, guarded
+from swerl.agent.loop.sandbox import ForkedSandbox, SandboxHandle, SandboxProvider, guarded
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.v1 import agent_pb2 as pb
 

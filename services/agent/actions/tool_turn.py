@@ -1,5 +1,6 @@
 """One turn of the `tool_calls` action protocol: a reply's calls run in order, each answered by
-its own tool message; what went wrong is an observation, never an exception.
+its own tool message; what went wrong is an observation, never an exception. `ToolCallActions` is
+the protocol as the loop runs it (`swerl.agent.actions.base`).
 
 The reply is parsed with the config's parsers (token mode: the sampled text; chat mode: the
 server's own `tool_calls`). Every call written outside the reasoning block gets a tool message:
@@ -17,15 +18,17 @@ chat template renders.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swerl.agent.config import AgentConfig
-from swerl.agent.modes import PolicyTurn
-from swerl.agent.toolcalls import (
+from swerl.agent.actions.base import OUTPUT_HEAD_CHARS, Acted, ActionTurn, RunCpu, SandboxBroken
+from swerl.agent.actions.bash_block import render_command
+from swerl.agent.actions.tool_set import ToolBox, ToolOutcome
+from swerl.agent.actions.toolcalls import (
     CallError,
     CallIds,
     ErrorKind,
@@ -34,7 +37,11 @@ from swerl.agent.toolcalls import (
     check_call,
     parse_reply,
 )
-from swerl.agent.tools import ToolBox, ToolOutcome
+from swerl.agent.config import AgentConfig
+from swerl.agent.errors import EpisodeInfraError
+from swerl.agent.loop.sandbox import SANDBOX_NOT_RUNNING
+from swerl.agent.policy.modes import PolicyTurn
+from swerl.agent.spec import EpisodeSpec
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.timeconv import duration_pb
 
@@ -265,3 +272,66 @@ def _error_text(error: CallError) -> str:
 
 def _tool_message(call: ToolCall, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+class ToolCallActions:
+    """The `tool_calls` protocol as the loop runs it: the reply's calls run in order through
+    the episode's `ToolBox`, each answered by its own tool message."""
+
+    name = "tool_calls"
+
+    def __init__(self, spec: EpisodeSpec, cpu: RunCpu[str], state: ToolState) -> None:
+        self._spec = spec
+        self._cpu = cpu
+        self.state = state
+        # The last bash call ended killed by a signal (a sandbox found dead after it is the
+        # policy's doing).
+        self.last_killed = False
+
+    async def act(self, turn: ActionTurn) -> Acted:
+        spec, config = self._spec, self._spec.config
+        answer = turn.answer
+        parsed = self.state.parse(answer, config)
+        box = ToolBox(
+            turn.sandbox,
+            workdir=config.workdir,
+            env={**config.env, **spec.env},
+            command_timeout_s=spec.command_timeout_s,
+            render_bash=functools.partial(render_command, spec, self._cpu),
+        )
+        box.last_killed = self.last_killed
+        step: dict[str, Any] = {"turn": turn.index, "response": answer.text}
+        turn.steps.append(step)
+        try:
+            done = await run_tool_turn(parsed, box, config, turn.turns_left)
+        except EpisodeInfraError as err:
+            step.update(sandbox_lost=err.message[:500])
+            if err.reason == SANDBOX_NOT_RUNNING and box.last_killed:
+                raise SandboxBroken(err.message) from err
+            raise
+        self.last_killed = box.last_killed
+        turn.messages += [done.assistant, *done.replies]
+        env_s = self.state.record(done, step)
+        stream = done.turn_pb(OUTPUT_HEAD_CHARS)
+        return Acted(
+            stream,
+            self.state.replies or turn.messages[-1]["content"],
+            done.submission,
+            len(done.ran),
+            env_s,
+            stream.action or None,
+            stream.exit_code,
+            done.output,
+        )
+
+    def limit(self) -> tuple[str, str] | None:
+        config = self._spec.config
+        return self.state.limit_detail(config) if self.state.over_limit(config) else None
+
+    def metrics(self) -> dict[str, float]:
+        return self.state.metrics()
+
+    def branch(self) -> ToolCallActions:
+        copied = ToolCallActions(self._spec, self._cpu, self.state.copy())
+        copied.last_killed = self.last_killed
+        return copied

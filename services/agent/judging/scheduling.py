@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from swerl.agent.judging import (
+from swerl.agent.judging.steps import (
     PrmSpec,
     StepJudge,
     StepScore,

@@ -14,10 +14,13 @@ policy's previous command ended killed by a signal, INFRA_ERROR otherwise. CPU w
 tokenizing, decoding, records) runs in the agent's thread pool or tokenizer processes so
 hundreds of episodes share one event loop.
 
-This module is the loop; the rooms beside it: `swerl.agent.branching` (fork, seeds, running
-the branches), `swerl.agent.grading` (the evaluation and the outcome reward),
-`swerl.agent.step_scoring` (PRM judgments in the background and the shaped rewards) and
-`swerl.agent.spec` (what an episode runs with).
+This module is the loop; the rooms beside it: `swerl.agent.actions` (the `ActionProtocol` the
+episode picks at its start, bash blocks or tool calls, that acts on one reply in the sandbox),
+`swerl.agent.harnesses.driving` (a harness's run and how it ended), `swerl.agent.loop.branching`
+(fork, seeds, running the branches), `swerl.agent.judging.grading` (the evaluation and the
+outcome reward), `swerl.agent.judging.scheduling` (PRM judgments in the background and the shaped
+rewards), `swerl.agent.loop.records` (the token records of the result) and `swerl.agent.spec`
+(what an episode runs with).
 """
 
 from __future__ import annotations
@@ -32,31 +35,32 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from swerl.agent import branching, budget, grading
+from swerl.agent import budget
+from swerl.agent.actions.base import ActionProtocol, ActionTurn, SandboxBroken
+from swerl.agent.actions.bash_block import BashBlockActions
+from swerl.agent.actions.tool_set import killed_by
+from swerl.agent.actions.tool_turn import ToolCallActions, ToolState
+from swerl.agent.actions.toolcalls import CallIds
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.service import Gateway
-from swerl.agent.harness_model import EpisodeModel, PolicyAborted
-from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessFailed, HarnessRun, harness_named
-from swerl.agent.judging import PrmSpec, StepJudge
-from swerl.agent.modes import ContextExhausted, Policy, PolicyTurn
-from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import PolicyUnavailable
-from swerl.agent.protocol import parse_action, render_format_error, render_observation, submission
-from swerl.agent.sandbox import (
-    SANDBOX_NOT_RUNNING,
+from swerl.agent.harnesses import DEFAULT_HARNESS, HarnessRun, driving, harness_named
+from swerl.agent.harnesses.model import EpisodeModel
+from swerl.agent.judging import grading
+from swerl.agent.judging.scheduling import StepScoring
+from swerl.agent.judging.steps import PrmSpec, StepJudge
+from swerl.agent.loop import branching, records
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.loop.sandbox import (
     ForkedSandbox,
     SandboxHandle,
     SandboxProvider,
     guarded,
     lease_lost,
 )
+from swerl.agent.policy.clients import PolicyUnavailable
+from swerl.agent.policy.modes import ContextExhausted, Policy
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.status import EpisodeStatus
-from swerl.agent.step_scoring import StepScoring
-from swerl.agent.tokens import TokenRecordData
-from swerl.agent.toolcalls import CallIds
-from swerl.agent.tools import ToolBox, command_notes, killed_by
-from swerl.agent.toolturn import ToolState, run_tool_turn
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.wire import episode_status_pb
 from swerl.chassis.timeconv import duration_pb
@@ -75,15 +79,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_OUTPUT_HEAD_CHARS = 1000
-
-
-class SandboxBroken(Exception):
-    """The policy's own command broke its sandbox beyond repair (ends SANDBOX_BROKEN)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 @dataclass
@@ -106,7 +101,7 @@ class EpisodeDeps:
     result_gate: IterationGate | None = None
     # Token records are built in the CPU pool one episode at a time.
     records_slot: asyncio.Semaphore | None = None
-    # The model gateway a harness episode opens its session on (swerl.agent.harness_model).
+    # The model gateway a harness episode opens its session on (swerl.agent.harnesses.model).
     gateway: Callable[[], Awaitable[Gateway]] | None = None
 
 
@@ -131,7 +126,14 @@ class Episode:
         self.error_reason = ""
         self.error_message = ""
         self.messages: list[dict[str, Any]] = []
-        self.tools = ToolState(CallIds(seed=zlib.crc32(spec.episode_id.encode())))
+        # How a reply becomes actions in the sandbox: bash blocks, or tool calls (agent config
+        # `tool_calls`); it keeps its own per-episode state (a branch gets a copy).
+        call_ids = CallIds(seed=zlib.crc32(spec.episode_id.encode()))
+        self.actions: ActionProtocol = (
+            ToolCallActions(spec, self._cpu, ToolState(call_ids))
+            if spec.config.tool_calls
+            else BashBlockActions(spec, self._cpu)
+        )
         self.steps: list[dict[str, Any]] = []
         self.turns = 0
         self.tool_calls = 0
@@ -141,10 +143,7 @@ class Episode:
         self.reward: float | None = None
         self._work: asyncio.Task[None] | None = None
         self._cancel_reason: str | None = None
-        # The policy's last command ended killed by a signal: a sandbox found dead after it is
-        # the policy's doing.
-        self._last_killed = False
-        # Branching (swerl.agent.branching): a branch's index, seed and forked sandbox (None
+        # Branching (swerl.agent.loop.branching): a branch's index, seed and forked sandbox (None
         # for a trunk or a plain episode); a trunk's running branches and the last result.
         self.branch: int | None = None
         self.sampling_seed = 0
@@ -300,10 +299,9 @@ class Episode:
         return self.harness.name != DEFAULT_HARNESS
 
     async def _drive(self, sandbox: SandboxHandle) -> None:
-        """The harness's prepare and run in the sandbox; its failure ends HARNESS_FAILED (the
-        sandbox is graded as it stands), its submission is the episode's patch. A harness other
-        than swerl's loop gets its own gateway session, watched while it runs: a policy that
-        is down or a gateway that went away end the run INFRA_ERROR, a trainer abort ABORTED."""
+        """The harness's prepare and run in the sandbox (swerl.agent.harnesses.driving); its
+        submission is the episode's patch. A harness other than swerl's loop gets its own
+        gateway session, watched while it runs."""
         model = None
         if self._harnessed:
             if self._deps.gateway is None:
@@ -311,28 +309,13 @@ class Episode:
             self.model = await EpisodeModel.open(await self._deps.gateway(), self.spec, self.key)
             model = self.model.model
         run = HarnessRun(spec=self.spec, sandbox=sandbox, agent_loop=self._agent_loop, model=model)
-        try:
-            if self.model is None:
-                submitted = await self._prepare_and_run(run)
-            else:
-                submitted = await self.model.guard(self._prepare_and_run(run))
-        except HarnessFailed as err:
-            if self.model is not None and self.model.context_exhausted:
-                # It failed on the context budget its session refused: as swerl's loop ends.
-                self._end(EpisodeStatus.LIMIT_CONTEXT, "", err.detail)
-            else:
-                self._end(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
-            return
-        except PolicyAborted as err:
-            self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", str(err))
+        driven = await driving.drive(self.harness, run, self.model)
+        if driven.status is not None:
+            self._end(driven.status, driven.reason, driven.detail)
             return
         if self.status is None and not (self.spec.branching and self.branch is None):
-            self.submission = submitted
+            self.submission = driven.submitted
             self._end(EpisodeStatus.SUBMITTED)
-
-    async def _prepare_and_run(self, run: HarnessRun) -> str | None:
-        await self.harness.prepare(run)
-        return await self.harness.run(run)
 
     async def _close_model(self) -> None:
         """Ends the harness's gateway session (no call is recorded after this) and keeps its
@@ -380,11 +363,21 @@ class Episode:
                 self._end(EpisodeStatus.ABORTED, "POLICY_ABORTED", "the policy aborted")
                 return
             self.turns += 1
-            if spec.config.tool_calls:
-                turn = await self._act_tools(sandbox, index, answer, turns_left)
-            else:
-                self.messages.append({"role": "assistant", "content": answer.text})
-                turn = await self._act(sandbox, index, answer.text, turns_left)
+            acted = await self.actions.act(
+                ActionTurn(sandbox, index, answer, turns_left, self.messages, self.steps)
+            )
+            self.tool_calls += acted.commands
+            self.clock.env_s += acted.env_s
+            if acted.submission is not None:
+                self.submission = acted.submission
+            self._scoring.judge_turn(
+                index,
+                answer.text,
+                acted.judged_action,
+                acted.judged_exit_code,
+                acted.judged_output,
+            )
+            turn = acted.turn
             turn.index = index
             turn.prompt_tokens = answer.prompt_tokens
             turn.response_tokens = answer.response_tokens
@@ -397,146 +390,19 @@ class Episode:
                 self._emit(pb.RunEpisodeResponse(turn=turn))
                 self._end(EpisodeStatus.SUBMITTED)
                 return
-            replies = self.tools.replies or self.messages[-1]["content"]
-            turn.observation_tokens = await self._policy.observe(replies)
+            turn.observation_tokens = await self._policy.observe(acted.observed)
             self._emit(pb.RunEpisodeResponse(turn=turn))
-            if self.tools.over_limit(spec.config):
-                self._end(EpisodeStatus.LIMIT_TURNS, *self.tools.limit_detail(spec.config))
+            limit = self.actions.limit()
+            if limit is not None:
+                self._end(EpisodeStatus.LIMIT_TURNS, *limit)
                 return
         if stop == spec.max_turns:
             self._end(EpisodeStatus.LIMIT_TURNS)
 
-    # -- one turn's action -----------------------------------------------------------------------
-
-    async def _act(
-        self, sandbox: SandboxHandle, index: int, text: str, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """Carries out the action in the policy's answer `text` (the bash-block protocol):
-        appends the observation to `messages` and returns the turn (its index and token
-        counts are the loop's to fill)."""
-        action = parse_action(text)
-        step: dict[str, Any] = {"turn": index, "response": text}
-        self.steps.append(step)
-        if action.command is None:
-            observation = render_format_error(
-                self.spec.config, n_blocks=action.n_blocks, turns_left=turns_left
-            )
-            self.messages.append({"role": "user", "content": observation})
-            step.update(format_error=True, n_blocks=action.n_blocks)
-            self._scoring.judge_turn(index, text, None, 0, "")
-            return pb.EpisodeTurn(format_error=True)
-        return await self._command(sandbox, step, action.command, turns_left)
-
-    async def _command(
-        self, sandbox: SandboxHandle, step: dict[str, Any], command: str, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """Runs one command of the policy in its sandbox: the turn, its step record and its
-        observation (or the submission, when the command submitted)."""
-        spec, config = self.spec, self.spec.config
-        env = {**config.env, **spec.env}
-        started = time.monotonic()
-        try:
-            result = await sandbox.run(
-                command, timeout_s=spec.command_timeout_s, env=env, cwd=config.workdir
-            )
-        except EpisodeInfraError as err:
-            step.update(action=command, sandbox_lost=err.message[:500])
-            if err.reason == SANDBOX_NOT_RUNNING and self._last_killed:
-                raise SandboxBroken(err.message) from err
-            raise
-        exec_s = time.monotonic() - started
-        self.clock.env_s += exec_s
-        self.tool_calls += 1
-        output = result.output.decode(errors="replace")
-        submitted = submission(output, result.exit_code)
-        signum = killed_by(result.exit_code, result.timed_out)
-        restarted = bool(getattr(result, "sandbox_restarted", False))
-        self._last_killed = signum is not None
-        step.update(
-            action=command,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            exec_s=round(exec_s, 4),
-            output_bytes=len(result.output),
-        )
-        if restarted:
-            step["sandbox_restarted"] = True
-        turn = pb.EpisodeTurn(
-            action=command,
-            exit_code=result.exit_code,
-            timed_out=result.timed_out,
-            output_head=output[:_OUTPUT_HEAD_CHARS],
-            output_bytes=len(result.output) + result.bytes_dropped,
-            submitted=submitted is not None,
-            exec_duration=duration_pb(exec_s),
-        )
-        if submitted is not None:
-            self.submission = submitted
-            self.messages.append({"role": "user", "content": output})
-        else:
-            observation = await self._render_bash(
-                result.exit_code, output, result.timed_out, restarted, turns_left
-            )
-            self.messages.append({"role": "user", "content": observation})
-        self._scoring.judge_turn(step["turn"], step["response"], command, result.exit_code, output)
-        return turn
-
-    async def _act_tools(
-        self, sandbox: SandboxHandle, index: int, answer: PolicyTurn, turns_left: int
-    ) -> pb.EpisodeTurn:
-        """A `tool_calls` turn: the reply's calls run in order, each answered by its own tool
-        message (swerl.agent.toolturn)."""
-        spec, config = self.spec, self.spec.config
-        parsed = self.tools.parse(answer, config)
-        box = ToolBox(
-            sandbox,
-            workdir=config.workdir,
-            env={**config.env, **spec.env},
-            command_timeout_s=spec.command_timeout_s,
-            render_bash=self._render_bash,
-        )
-        box.last_killed = self._last_killed
-        step: dict[str, Any] = {"turn": index, "response": answer.text}
-        self.steps.append(step)
-        try:
-            done = await run_tool_turn(parsed, box, config, turns_left)
-        except EpisodeInfraError as err:
-            step.update(sandbox_lost=err.message[:500])
-            if err.reason == SANDBOX_NOT_RUNNING and box.last_killed:
-                raise SandboxBroken(err.message) from err
-            raise
-        self._last_killed = box.last_killed
-        self.messages += [done.assistant, *done.replies]
-        self.tool_calls += len(done.ran)
-        self.clock.env_s += self.tools.record(done, step)
-        self.submission = done.submission if done.submission is not None else self.submission
-        turn = done.turn_pb(_OUTPUT_HEAD_CHARS)
-        self._scoring.judge_turn(
-            index, answer.text, turn.action or None, turn.exit_code, done.output
-        )
-        return turn
-
-    async def _render_bash(
-        self, code: int, output: str, timed_out: bool, restarted: bool, left: int | None = None
-    ) -> str:
-        """A command's observation, with the notes on a kill or a restarted sandbox."""
-        notes = command_notes(code, timed_out, restarted)
-        spec = self.spec
-        return await self._cpu(
-            lambda: render_observation(
-                spec.config,
-                exit_code=code,
-                output=notes + output,
-                timed_out=timed_out,
-                timeout_s=spec.command_timeout_s,
-                turns_left=left,
-            )
-        )
-
     # -- after the loop: branches or grading ------------------------------------------------------
 
     async def _run_branches(self, forks: list[ForkedSandbox]) -> None:
-        """One branch per forked sandbox, each run to its end (swerl.agent.branching); the
+        """One branch per forked sandbox, each run to its end (swerl.agent.loop.branching); the
         last result is the one `run` returns."""
         seeds = branching.seeds(self.spec, len(forks))
         self._branches = [
@@ -559,34 +425,19 @@ class Episode:
         branch.messages = [dict(m) for m in self.messages]
         branch.steps = copy.deepcopy(self.steps)
         branch.turns, branch.tool_calls = self.turns, self.tool_calls
-        branch.tools = self.tools.copy()
-        branch._last_killed = self._last_killed
+        branch.actions = self.actions.branch()
         # The trunk's turns are judged once: a branch shares the trunk's judgments.
         branch._scoring = self._scoring.for_branch(emit)
         return branch
 
     async def _evaluate(self) -> None:
-        """Grades the patch (swerl.agent.grading) and streams the report. A harness episode's
-        grading gets what is left of its budget (swerl.agent.budget), and must end within it
-        plus the grading's overhead: else INFRA_ERROR GRADING_OVER_BUDGET."""
-        spec = self.spec
+        """Grades the patch (swerl.agent.judging.grading, within a harness episode's budget) and
+        streams the report."""
         started = time.monotonic()
-        limit_s, bound_s = spec.eval_timeout_s, None
-        if self._budget_started is not None:
-            left_s = spec.wall_timeout_s - (started - self._budget_started)
-            limit_s = budget.grading_limit_s(left_s, spec.eval_timeout_s)
-            bound_s = max(left_s, limit_s) + budget.GRADING_OVERHEAD_S
         try:
-            graded = grading.evaluate(self._provider, spec, self.key, self.patch, limit_s)
-            self.report = await asyncio.wait_for(graded, bound_s)
-        except TimeoutError as err:
-            if bound_s is None:
-                raise
-            raise EpisodeInfraError(
-                "GRADING_OVER_BUDGET",
-                f"the grading did not end within the episode's budget ({spec.wall_timeout_s:g} s"
-                f" from its lease, plus {budget.GRADING_OVERHEAD_S:g} s for the grading itself)",
-            ) from err
+            self.report = await grading.evaluate_in_budget(
+                self._provider, self.spec, self.key, self.patch, self._budget_started
+            )
         finally:
             self.clock.eval_s = time.monotonic() - started
         self._emit(pb.RunEpisodeResponse(evaluation=self.report))
@@ -613,8 +464,8 @@ class Episode:
             m["model_query_time_avg"] = c.model_s / self.turns
         if self.tool_calls:
             m["env_execution_time_avg"] = c.env_s / self.tool_calls
-        if self.spec.config.tool_calls and not self._harnessed:
-            m.update(self.tools.metrics())
+        if not self._harnessed:
+            m.update(self.actions.metrics())
         if self.model is not None:
             m.update(self.model.metrics())
         if total > 0:
@@ -624,49 +475,16 @@ class Episode:
                 m["eval_time_ratio"] = c.eval_s / total
         return m
 
-    @staticmethod
-    def _fill_record(
-        message: pb.TokenRecord, record: TokenRecordData, reward: float | None
-    ) -> None:
-        record.check()
-        message.prompt_ids.extend(record.prompt_ids)
-        message.response_ids.extend(record.response_ids)
-        message.loss_mask.extend(record.loss_mask)
-        message.logprobs.extend(record.logprobs)
-        message.weight_versions.extend(record.weight_versions)
-        message.top_p_token_ids.extend(record.top_p_token_ids)
-        message.top_p_token_offsets.extend(record.top_p_token_offsets)
-        if record.routed_experts:
-            message.routed_experts = record.routed_experts
-            message.routed_experts_per_token = record.experts_per_token
-        message.cached_tokens = record.cached_tokens
-        message.engine_prompt_tokens = record.engine_prompt_tokens
-        if reward is not None:
-            message.reward = reward
-
     def _fill_records(self, result: pb.EpisodeResult) -> None:
-        """The token records, written into the final message (in the CPU pool: a long
-        episode's records hold hundreds of thousands of ids)."""
-        shaped = self._scoring.shaped
-        if self.model is not None:
-            # A harness episode: one sample per chain of its gateway session.
-            self._fill_chains(result, self.model.records or [], shaped(self.reward, None))
-        elif self.spec.dynamic_history:
-            for index, record in enumerate(self._policy.turn_records()):
-                self._fill_record(result.turns.add(), record, shaped(self.reward, index))
-        else:
-            # One record per chain, each with the episode's reward; a lone chain (no trim)
-            # stays in `trajectory`, where readers that predate chains find it.
-            self._fill_chains(result, self._policy.whole_records(), shaped(self.reward, None))
-
-    def _fill_chains(
-        self, result: pb.EpisodeResult, records: list[TokenRecordData], reward: float | None
-    ) -> None:
-        if len(records) == 1:
-            self._fill_record(result.trajectory, records[0], reward)
-        else:
-            for record in records:
-                self._fill_record(result.chains.add(), record, reward)
+        """The token records, written into the final message (swerl.agent.loop.records)."""
+        records.fill_records(
+            result,
+            self._policy,
+            reward=self.reward,
+            shaped=self._scoring.shaped,
+            dynamic_history=self.spec.dynamic_history,
+            harness_records=None if self.model is None else (self.model.records or []),
+        )
 
     async def _result(self) -> pb.RunEpisodeResponse:
         spec = self.spec

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from swerl.agent.toolcalls.formats import TOOL_CALL_FORMATS, BlockFormat
-from swerl.agent.toolcalls.reasoning import (
+from swerl.agent.actions.toolcalls.formats import TOOL_CALL_FORMATS, BlockFormat
+from swerl.agent.actions.toolcalls.reasoning import (
     REASONING_PARSERS,
     ReasoningSplit,
     ThinkReasoningParser,
 )
-from swerl.agent.toolcalls.types import (
+from swerl.agent.actions.toolcalls.types import (
     CallError,
     CallIds,
     ErrorKind,

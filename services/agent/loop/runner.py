@@ -15,9 +15,7 @@ from typing import Any
 import aiohttp
 from google.protobuf.json_format import MessageToDict
 
-from swerl.agent.artifacts import write_artifacts
 from swerl.agent.config import load_config
-from swerl.agent.episode import Episode, EpisodeDeps
 from swerl.agent.errors import (
     AgentAtCapacity,
     EpisodeRunning,
@@ -27,14 +25,16 @@ from swerl.agent.errors import (
 )
 from swerl.agent.gateway.service import Gateway, gateway_cpu_pool
 from swerl.agent.harnesses import DEFAULT_HARNESS, harness_named
-from swerl.agent.judging import PRM_STEP_TIMEOUT_S, PrmSpec, StepJudge
-from swerl.agent.modes import ChatMode, Policy, TokenMode
-from swerl.agent.pacing import IterationGate
-from swerl.agent.policy import OpenAIChatPolicy, SglangPolicy, policy_retrying
-from swerl.agent.sandbox import SandboxProvider
+from swerl.agent.judging.steps import PRM_STEP_TIMEOUT_S, PrmSpec, StepJudge
+from swerl.agent.loop.artifacts import write_artifacts
+from swerl.agent.loop.episode import Episode, EpisodeDeps
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.loop.sandbox import SandboxProvider
+from swerl.agent.policy.clients import OpenAIChatPolicy, SglangPolicy, policy_retrying
+from swerl.agent.policy.modes import ChatMode, Policy, TokenMode
+from swerl.agent.policy.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.settings import AgentSettings
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
-from swerl.agent.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from swerl.agent.context import ContextExhausted
-from swerl.agent.pacing import IterationGate
-from swerl.agent.tokens import token_array
+from swerl.agent.loop.pacing import IterationGate
+from swerl.agent.policy.context import ContextExhausted
+from swerl.agent.policy.tokens import token_array
 from swerl.chassis.retry import async_retrying
 
 

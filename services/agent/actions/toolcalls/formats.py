@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from swerl.agent.toolcalls.types import CallError, IdSource, ToolCall, ToolSchema, parameter_type
+from swerl.agent.actions.toolcalls.types import (
+    CallError,
+    IdSource,
+    ToolCall,
+    ToolSchema,
+    parameter_type,
+)
 
 
 @dataclass(frozen=True)
