@@ -103,7 +103,7 @@ def may_name_raw_stubs(name: str) -> bool:
 
 def test_no_module_outside_the_exec_node_and_the_pools_node_connection_names_a_raw_stub():
     found = modules()
-    assert POOL_CLIENT in found and "swerl.agent.sandbox" in found  # the discovery is real
+    assert POOL_CLIENT in found and "swerl.agent.loop.sandbox" in found  # the discovery is real
     offenders = {}
     for name, path in sorted(found.items()):
         if may_name_raw_stubs(name):
@@ -137,7 +137,12 @@ def test_the_stub_check_sees_each_way_of_reaching_a_raw_stub():
 def test_only_the_exec_package_and_the_pools_node_connection_may_name_raw_stubs():
     assert may_name_raw_stubs("swerl.exec.client")
     assert may_name_raw_stubs("swerl.pool.nodes")
-    for name in ("swerl.agent.sandbox", "swerl.pool.client", "swerl.validate", "swerl.executor"):
+    for name in (
+        "swerl.agent.loop.sandbox",
+        "swerl.pool.client",
+        "swerl.validate",
+        "swerl.executor",
+    ):
         assert not may_name_raw_stubs(name), name
 
 

@@ -18,7 +18,7 @@ from testkit.gateway_hostile import no_call_failed, post_raw
 from swerl.agent.gateway.http import MAX_BODY_BYTES
 from swerl.agent.gateway.render import OverBudget, Renderer
 from swerl.agent.gateway.session import SessionState
-from swerl.agent.tokens import ChatCodec
+from swerl.agent.policy.tokens import ChatCodec
 from swerl.chassis.hf import load_tokenizer
 
 BUDGET = 32_768

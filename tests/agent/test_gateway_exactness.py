@@ -32,7 +32,7 @@ from swerl.agent.gateway.messages import (
     openai_conversation,
 )
 from swerl.agent.gateway.render import Renderer
-from swerl.agent.tokens import ChatCodec
+from swerl.agent.policy.tokens import ChatCodec
 from swerl.chassis.hf import load_tokenizer
 
 # Values JSON tells apart and Python's `==` (and `hash`) does not.
