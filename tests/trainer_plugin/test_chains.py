@@ -49,7 +49,8 @@ def _pb(record: TokenRecordData, reward: float) -> agent_pb2.TokenRecord:
 
 
 def _result(records: list[TokenRecordData], reward: float) -> agent_pb2.EpisodeResult:
-    """The agent's EpisodeResult (services/agent/loop/episode.py `_fill_records`)."""
+    """The agent's EpisodeResult (services/agent/loop/records.py, which the episode's
+    `_fill_records` calls)."""
     result = agent_pb2.EpisodeResult(
         episode_id="ep-1", status=agent_pb2.EPISODE_STATUS_SUBMITTED, reward=reward
     )
