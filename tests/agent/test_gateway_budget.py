@@ -13,7 +13,7 @@ import anthropic
 import openai
 import pytest
 from testkit.gateway import KEY, TOKENIZER, gateway_env
-from testkit.gateway_hostile import no_call_failed, post_raw
+from testkit.gateway_hostile import no_call_failed, openai_session, post_raw
 
 from swerl.agent.gateway.http import MAX_BODY_BYTES
 from swerl.agent.gateway.render import OverBudget, Renderer
@@ -70,20 +70,15 @@ async def test_a_50_mb_body_is_refused_in_2_s_and_holds_up_no_other_session() ->
 
 
 async def test_a_render_over_the_budget_after_a_recorded_chain_is_refused_untokenized() -> None:
-    with no_call_failed():
-        async with gateway_env() as env:
-            session = await env.open(max_context_tokens=BUDGET)
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                messages = [{"role": "user", "content": f"{KEY}: look"}]
-                first = await client.chat.completions.create(model="m", messages=messages)
-                messages.append(first.choices[0].message.model_dump(exclude_none=True))
-                call = first.choices[0].message.tool_calls[0]
-                huge = "y" * (BUDGET * 200)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": huge})
-                with pytest.raises(openai.BadRequestError) as refused:
-                    await client.chat.completions.create(model="m", messages=messages)
+    async with openai_session(max_context_tokens=BUDGET) as (env, _session, client):
+        messages = [{"role": "user", "content": f"{KEY}: look"}]
+        first = await client.chat.completions.create(model="m", messages=messages)
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        call = first.choices[0].message.tool_calls[0]
+        huge = "y" * (BUDGET * 200)
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": huge})
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="m", messages=messages)
     error = refused.value.body
     assert refused.value.status_code == 400
     assert error["code"] == "context_length_exceeded" and "at least" in error["message"]
@@ -127,16 +122,11 @@ async def test_a_body_whose_render_is_over_the_budget_is_the_protocols_context_e
 
 async def test_a_body_over_the_maximum_is_413_in_openais_shape() -> None:
     text = "w" * (MAX_BODY_BYTES + 1024)
-    with no_call_failed():
-        async with gateway_env() as env:
-            session = await env.open()
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                with pytest.raises(openai.APIStatusError) as refused:
-                    await client.chat.completions.create(
-                        model="m", messages=[{"role": "user", "content": text}]
-                    )
+    async with openai_session() as (_env, _session, client):
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": text}]
+            )
     assert refused.value.status_code == 413
     assert refused.value.body["type"] == "invalid_request_error"
     assert refused.value.body["code"] == "request_too_large"

@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 from testkit.gateway import KEY, gateway_env
-from testkit.gateway_hostile import no_call_failed, post_raw
+from testkit.gateway_hostile import no_call_failed, openai_session, post_raw
 
 from swerl.agent.gateway.messages import MAX_JSON_DEPTH
 
@@ -131,22 +131,17 @@ async def test_tool_arguments_and_schemas_nested_too_deep_are_400_naming_the_fie
 
 async def test_arguments_at_the_depth_limit_are_taken() -> None:
     deep = _nested(MAX_JSON_DEPTH - 1)
-    with no_call_failed():
-        async with gateway_env() as env:
-            session = await env.open()
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                call = {"id": "c", "type": "function", "function": {"name": "p", "arguments": "{}"}}
-                call["function"]["arguments"] = json.dumps(deep)
-                reply = await client.chat.completions.create(
-                    model="m",
-                    messages=[
-                        {"role": "user", "content": KEY},
-                        {"role": "assistant", "content": "", "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": "c", "content": "ok"},
-                    ],
-                )
+    async with openai_session() as (_env, _session, client):
+        call = {"id": "c", "type": "function", "function": {"name": "p", "arguments": "{}"}}
+        call["function"]["arguments"] = json.dumps(deep)
+        reply = await client.chat.completions.create(
+            model="m",
+            messages=[
+                {"role": "user", "content": KEY},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            ],
+        )
     assert reply.choices[0].message.tool_calls
 
 

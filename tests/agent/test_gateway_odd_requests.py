@@ -11,7 +11,7 @@ import anthropic
 import openai
 import pytest
 from testkit.gateway import KEY, gateway_env
-from testkit.gateway_hostile import no_call_failed, post_raw
+from testkit.gateway_hostile import no_call_failed, openai_session, post_raw
 
 BOM = b"\xef\xbb\xbf"
 
@@ -42,33 +42,23 @@ async def test_a_body_with_a_utf8_bom_is_the_same_request_without_it(protocol: s
 
 @pytest.mark.parametrize("n", [True, 1.0, 0, -1, "1"])
 async def test_n_that_is_not_a_positive_integer_is_400(n: object) -> None:
-    with no_call_failed():
-        async with gateway_env() as env:
-            session = await env.open()
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                with pytest.raises(openai.BadRequestError) as refused:
-                    await client.chat.completions.create(
-                        model="m",
-                        messages=[{"role": "user", "content": KEY}],
-                        extra_body={"n": n},
-                    )
+    async with openai_session() as (_env, _session, client):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": KEY}],
+                extra_body={"n": n},
+            )
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == "n"
     assert refused.value.body["message"] == "n must be a positive integer"
 
 
 async def test_n_of_one_is_answered() -> None:
-    with no_call_failed():
-        async with gateway_env() as env:
-            session = await env.open()
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                reply = await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": KEY}], n=1
-                )
+    async with openai_session() as (_env, _session, client):
+        reply = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": KEY}], n=1
+        )
     assert len(reply.choices) == 1
 
 
