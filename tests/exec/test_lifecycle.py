@@ -122,7 +122,9 @@ async def test_restarted_node_adopts_live_sandboxes_and_removes_expired_ones(
 ):
     node_id = "test-restart-" + uuid.uuid4().hex[:8]
     state_dir = tmp_path / "restart-state"
-    first = await node_factory(node_id=node_id, state_dir=state_dir)
+    # The first node never reaps: under load the short sandbox may expire before the stop,
+    # and what this test asks is what the *restarted* node does with it.
+    first = await node_factory(node_id=node_id, state_dir=state_dir, reap_interval_s=3600)
     short = await first.create(base_image, ttl=duration(2), labels={"role": "short"})
     long = await first.create(
         base_image, ttl=duration(600), workdir="/tmp", labels={"role": "long"}, owner="agent-7"
