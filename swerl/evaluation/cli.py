@@ -243,19 +243,24 @@ def _eval(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         assert task is not None
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            return await _run(args)
-        except asyncio.CancelledError:
-            print("\ninterrupted; run the same command again to resume", file=sys.stderr)
-            # Episodes are cancelled and their sandboxes released by now; what is left is the
-            # loop's shutdown. A second Ctrl-C ends the process at once, and a shutdown still
-            # running after EXIT_STACKS_AFTER_S writes every thread's stack (what it waits on).
+
+        def interrupt() -> None:
+            # A second Ctrl-C ends the process at once; a shutdown still running after
+            # EXIT_STACKS_AFTER_S writes every task's and thread's stack (what it waits on).
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, signal.SIG_DFL)
+            loop.call_later(EXIT_STACKS_AFTER_S, _write_task_stacks)
             faulthandler.dump_traceback_later(EXIT_STACKS_AFTER_S)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt)
+        try:
+            return await _run(args)
+        except asyncio.CancelledError:
+            # Episodes are cancelled and their sandboxes released by now.
+            print("\ninterrupted; run the same command again to resume", file=sys.stderr)
             return 130
 
     try:
@@ -267,8 +272,18 @@ def _eval(args: argparse.Namespace) -> int:
         faulthandler.cancel_dump_traceback_later()
 
 
-# After an interruption, how long the shutdown may take before every thread's stack is written.
+# After an interruption, how long the shutdown may take before every stack is written.
 EXIT_STACKS_AFTER_S = 30.0
+
+
+def _write_task_stacks() -> None:
+    print(
+        f"swerl eval: still stopping {EXIT_STACKS_AFTER_S:.0f} s after the interruption; "
+        "its tasks wait here:",
+        file=sys.stderr,
+    )
+    for pending in asyncio.all_tasks():
+        pending.print_stack(limit=30, file=sys.stderr)
 
 
 MAX_BRANCHES = 64  # EpisodeBranch.count's limit in the agent contract

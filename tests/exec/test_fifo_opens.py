@@ -7,6 +7,7 @@ test's teardown for good) nor leak the descriptor when its peer comes after nobo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -70,3 +71,30 @@ async def test_a_cancelled_open_closes_what_it_opens_and_a_wanted_one_delivers_i
         pass
     else:
         raise AssertionError("an open of a missing FIFO must fail")
+
+
+async def test_ending_a_shells_opens_returns_when_a_fifo_was_removed_under_its_open(
+    tmp_path,
+) -> None:
+    """A sandbox destroyed while its shell starts removes its I/O dir: an open already blocked
+    on a FIFO whose name is gone can meet no peer, and ending the opens must not wait for it
+    (it hung `swerl eval`'s exit after Ctrl-C)."""
+    from swerl.exec.shell.supervisor import _close_opens
+
+    names = {"out": tmp_path / "out.1", "err": tmp_path / "err.1"}
+    for path in names.values():
+        make_fifo(path)
+    before = _open_fds()
+    opens = {key: open_fifo_end(path, os.O_RDONLY) for key, path in names.items()}
+    await asyncio.sleep(0.1)  # both threads are blocked in open(2) by now
+    names["out"].unlink()  # the I/O dir goes with the sandbox
+    began = time.monotonic()
+    await asyncio.wait_for(_close_opens(opens, names), 10)
+    assert time.monotonic() - began < 2, "ending the opens waited for one that cannot return"
+    assert opens["out"].cancelled()
+    assert opens["err"].done() and not opens["err"].cancelled()
+    still_open = []
+    for fd in _open_fds() - before:
+        with contextlib.suppress(OSError):  # (the listing's own descriptor is gone by now)
+            still_open.append(os.readlink(f"/proc/self/fd/{fd}"))
+    assert not [target for target in still_open if "err.1" in target], "the open's fd leaked"

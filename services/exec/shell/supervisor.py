@@ -43,6 +43,8 @@ READ_CHUNK = 256 * 1024
 # FIFOs of a supervisor besides its stdio: the watchdog's and the workers' batons.
 _SIDE_FIFOS = ("ctl", "baton0", "baton1")
 _generation = itertools.count(1)
+# How long an open that was given a peer may take to return before it is given up.
+CLOSE_OPENS_WAIT_S = 5.0
 
 
 async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[str, Path]) -> None:
@@ -52,14 +54,28 @@ async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[
     an open whose thread has not called os.open yet does so only later, and a peer opened and
     closed at once before that left it blocked for good (and the FIFO's name is removed with
     the sandbox's I/O dir, so nothing could open it again). Such a thread is a daemon of its
-    own (`open_fifo_end`), so even then it holds up no executor and no shutdown."""
+    own (`open_fifo_end`), so even then it holds up no executor and no shutdown.
+
+    An open no peer can meet (its FIFO's name is gone: the sandbox was destroyed while its
+    shell started) is not waited for, nor one still blocked after CLOSE_OPENS_WAIT_S (its name
+    now names a later shell's FIFO): its future is cancelled, and the thread closes whatever
+    it may still get. Waiting for it hung the process's shutdown for good."""
     peers: list[int] = []
+    waiting: list[asyncio.Future[int]] = []
     try:
         for key, task in opens.items():
-            if not task.done():
-                with contextlib.suppress(OSError):
-                    peers.append(os.open(names[key], os.O_RDWR | os.O_NONBLOCK))
-        await asyncio.wait(opens.values())
+            if task.done():
+                continue
+            try:
+                peers.append(os.open(names[key], os.O_RDWR | os.O_NONBLOCK))
+            except OSError:
+                task.cancel()
+                continue
+            waiting.append(task)
+        if waiting:
+            _, stuck = await asyncio.wait(waiting, timeout=CLOSE_OPENS_WAIT_S)
+            for task in stuck:
+                task.cancel()
     finally:
         for fd in peers:
             os.close(fd)
