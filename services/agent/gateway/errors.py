@@ -48,6 +48,22 @@ class ContextTooLong(GatewayError):
         self.budget = budget
 
 
+class EngineRefusedContext(GatewayError):
+    """The engine itself refused the prompt as over its context length (its 400), although it
+    fit the session's budget: the same limit the client can act on, in the protocol's words,
+    with the engine's own message."""
+
+    kind = "context_length_exceeded"
+
+    def __init__(self, prompt_tokens: int, engine_message: str) -> None:
+        super().__init__(
+            f"the model's engine refused the prompt ({prompt_tokens} tokens) as over its"
+            f" context length: {engine_message}",
+            param="messages",
+        )
+        self.prompt_tokens = prompt_tokens
+
+
 class BodyTooLarge(GatewayError):
     """The request body is over the gateway's maximum size (refused before it is read)."""
 

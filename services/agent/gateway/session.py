@@ -28,6 +28,7 @@ from swerl.agent.errors import TokenizerUnavailable
 from swerl.agent.gateway.errors import (
     BadSecret,
     ContextTooLong,
+    EngineRefusedContext,
     GatewayAtCapacity,
     InvalidSessionSpec,
     PolicyDown,
@@ -50,6 +51,7 @@ from swerl.agent.gateway.render import OverBudget, Renderer
 from swerl.agent.gateway.tree import CallKind, CallNode, CallTree, chain_records
 from swerl.agent.loop.pacing import IterationGate
 from swerl.agent.policy.clients import Generation, PolicyUnavailable, TokenPolicy
+from swerl.agent.policy.context import ContextExhausted
 from swerl.agent.policy.tokens import ChatCodec, TokenRecordData
 
 T = TypeVar("T")
@@ -488,6 +490,11 @@ class SessionStore:
             raise SessionAborted(f"session {session.id} was aborted by the trainer")
         try:
             generation = task.result()
+        except ContextExhausted as err:  # the engine's own context-length refusal
+            session.counters.context_errors += 1
+            if session.state is SessionState.OPEN:
+                session.state = SessionState.LIMIT_CONTEXT
+            raise EngineRefusedContext(len(prompt), str(err)) from err
         except PolicyUnavailable as err:
             session.counters.infra_errors += 1
             session.policy_failure = err

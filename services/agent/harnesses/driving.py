@@ -2,8 +2,8 @@
 episode's gateway session when the harness talks to one, and how the run ended.
 
 A harness's failure ends the episode HARNESS_FAILED (the sandbox is graded as it stands), or
-LIMIT_CONTEXT when it failed on the context budget its session refused (as swerl's own loop
-ends); a trainer abort seen by the session ends it ABORTED. A run that ends by itself hands back
+LIMIT_CONTEXT when it failed, or stopped without submitting, on a context its session refused
+(the session's budget, or the engine's own context length; as swerl's own loop ends); a trainer abort seen by the session ends it ABORTED. A run that ends by itself hands back
 what it submitted; the episode decides whether that ends it SUBMITTED.
 """
 
@@ -42,6 +42,10 @@ async def drive(harness: Harness, run: HarnessRun, model: EpisodeModel | None) -
         return Driven(EpisodeStatus.HARNESS_FAILED, err.reason, err.detail)
     except PolicyAborted as err:
         return Driven(EpisodeStatus.ABORTED, "POLICY_ABORTED", str(err))
+    if submitted is None and model is not None and model.context_exhausted:
+        # It gave up without submitting once its context was refused (by the session's
+        # budget or by the engine itself): the episode's context limit, as swerl's loop ends.
+        return Driven(EpisodeStatus.LIMIT_CONTEXT, "", "the harness stopped on its context limit")
     return Driven(submitted=submitted)
 
 

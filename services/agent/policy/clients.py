@@ -120,6 +120,21 @@ def over_context_length(body: bytes) -> bool:
     return b"context length" in body.lower()
 
 
+def engine_message(body: bytes) -> str:
+    """An engine's error body as its own words: `{"error": {"message": ...}}` (SGLang's and
+    OpenAI-style engines'), `{"message": ...}`, or else the body's start as text."""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+        for holder in (error, decoded):
+            if isinstance(holder, dict) and isinstance(holder.get("message"), str):
+                return holder["message"][:1000]
+    return body[:300].decode(errors="replace")
+
+
 def policy_retrying(attempts: int, max_delay_s: float) -> Any:
     """swerl's retry policy for policy HTTP calls (see the module's docstring)."""
     return async_retrying(
@@ -370,10 +385,7 @@ class SglangPolicy:
             timeout=self._timeout,
         )
         if status == 400 and over_context_length(raw):
-            raise ContextExhausted(
-                "the policy engine refused the prompt as longer than its"
-                f" context length: {raw[:300].decode(errors='replace')}"
-            )
+            raise ContextExhausted(engine_message(raw))
         if status != 200:
             raise _failing(status, raw, "policy server")
         return raw
