@@ -3,8 +3,9 @@ episode's gateway session when the harness talks to one, and how the run ended.
 
 A harness's failure ends the episode HARNESS_FAILED (the sandbox is graded as it stands), or
 LIMIT_CONTEXT when it failed, or stopped without submitting, on a context its session refused
-(the session's budget, or the engine's own context length; as swerl's own loop ends); a trainer abort seen by the session ends it ABORTED. A run that ends by itself hands back
-what it submitted; the episode decides whether that ends it SUBMITTED.
+(the session's budget, or the engine's own context length; as swerl's own loop ends); a
+trainer abort seen by the session ends it ABORTED. A run that ends by itself hands back what
+it submitted; the episode decides whether that ends it SUBMITTED.
 """
 
 from __future__ import annotations
