@@ -49,6 +49,26 @@ def progress(message: str) -> None:
 # Machine facts
 
 
+def software_line(distributions: Sequence[str]) -> str:
+    """Python's version and each distribution's installed version, for a report's first lines:
+    a figure means little without what it ran on (a dependency's release can move it)."""
+    from importlib import metadata
+
+    versions = []
+    for name in distributions:
+        try:
+            versions.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{name} (not installed)")
+    return f"python {platform.python_version()} ({sys.prefix}); " + ", ".join(versions)
+
+
+def load_line() -> str:
+    """The machine's load averages and CPU count, sampled now."""
+    one, five, fifteen = os.getloadavg()
+    return f"load {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} CPUs"
+
+
 def machine_facts(docker_client: docker.DockerClient, hardware: bool = False) -> dict[str, Any]:
     """What a report starts with. `hardware` adds the CPU count and model, the memory and the
     Docker API version."""
