@@ -631,7 +631,7 @@ class CommandStream:
         call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest, stdin: bytes | None
     ) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
-        await call.write(request)
+        await _send(call, request)
         if stdin is not None:
             # In pieces well under gRPC's default 4 MiB message limit; the last closes stdin.
             pieces = [
@@ -639,7 +639,9 @@ class CommandStream:
             ]
             for index, piece in enumerate(pieces or [b""]):
                 last = index == max(len(pieces), 1) - 1
-                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last)))
+                await _send(
+                    call, pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last))
+                )
         while True:
             read = await call.read()
             if read is grpc.aio.EOF:
@@ -679,6 +681,32 @@ class CommandStream:
         for task in list(self._closing):
             with contextlib.suppress(BaseException):
                 await task
+
+
+async def _send(call: grpc.aio.StreamStreamCall, message: pb.ExecCommandsRequest) -> None:
+    try:
+        await call.write(message)
+    except grpc.aio.AioRpcError as err:
+        raise send_failure(err) from None
+
+
+def send_failure(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """What a failed write of a stream tells its caller. gRPC's asyncio calls end a stream whose
+    send failed in the transport (the connection broke under it, e.g. a node stopped or gone)
+    INTERNAL "Internal error from Core" when that send loses the race with the connection's own
+    status: that is the node being unreachable (UNAVAILABLE), as the same call a moment later
+    is told. Any other error stays as it is."""
+    if err.code() is grpc.StatusCode.INTERNAL and "execute_batch" in (
+        err.debug_error_string() or ""
+    ):
+        return grpc.aio.AioRpcError(
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            f"the connection to the node failed while the request was sent (gRPC: {err.details()})",
+            err.debug_error_string(),
+        )
+    return err
 
 
 async def _half_close(call: grpc.aio.StreamStreamCall) -> None:
