@@ -114,6 +114,8 @@ class RecordingProxy:
 
     upstream: str
     exchanges: list[Exchange] = field(default_factory=list)
+    # The request bodies as they arrive, answered or not (a call still being sampled).
+    started: list[tuple[str, bytes]] = field(default_factory=list)
     url: str = ""
     _runner: web.AppRunner | None = None
     _client: aiohttp.ClientSession | None = None
@@ -139,6 +141,7 @@ class RecordingProxy:
     async def _forward(self, request: web.Request) -> web.StreamResponse:
         assert self._client is not None
         body = await request.read()
+        self.started.append((request.path, body))
         headers = {k: v for k, v in request.headers.items() if k.lower() in _KEPT_HEADERS}
         # The engine's answer is read to its end even when swerl's side went away (a cancelled
         # call): the test reads what the engine returned for it (an abort's finish reason).
