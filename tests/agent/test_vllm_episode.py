@@ -168,3 +168,23 @@ async def test_bad_model_gone_engine_and_api_mismatch_end_infra_error_naming_the
     assert results["gone"].error_reason == "POLICY_UNAVAILABLE"
     assert "unreachable" in results["gone"].error_message
     assert sandboxes_left() == []
+
+
+async def test_a_harness_episode_on_vllm_records_exactly_what_the_engine_sampled(
+    vllm_engine: VllmEngine,
+) -> None:
+    """mini-swe-agent on the episode's gateway session, the session on vLLM: the random model's
+    replies are no commands, so the harness stops at its step limit (max_turns) without a
+    submission (HARNESS_FAILED); the session's records are exactly the engine's."""
+    async with vllm_stack(vllm_engine) as (env, proxy):
+        start = vllm_start(vllm_engine, proxy.url, "vllm-mini")
+        start.options.harness = "mini-swe-agent"
+        result = result_of(await run_to_result(env.stub, start))
+    assert result.status == pb.EPISODE_STATUS_HARNESS_FAILED, result.error_message
+    assert result.error_message == "mini-swe-agent exited LimitsExceeded without a submission"
+    assert len(proxy.generates()) == 2
+    assert proxy.generates(), "the harness called the engine"
+    assert all(e.path == "/inference/v1/generate" for e in proxy.exchanges)
+    records = [result.trajectory] if not result.chains else list(result.chains)
+    assert_records_are_the_engines(records, proxy)
+    assert sandboxes_left() == []

@@ -257,3 +257,16 @@ async def test_a_vllm_session_on_an_sglang_server_names_the_api_mismatch() -> No
         assert "policy.api is VLLM_GENERATE" in message
         assert "does not speak vLLM's token API" in message
         assert env.replay.stats.requests_seen == []
+
+
+def test_the_vllm_tests_skip_without_an_engine_url_and_fail_when_it_is_not_healthy(
+    monkeypatch,
+) -> None:
+    from testkit.vllm import wait_for_engine
+
+    monkeypatch.delenv("SWERL_VLLM_URL", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="SWERL_VLLM_URL"):
+        wait_for_engine(start_s=1.0)
+    monkeypatch.setenv("SWERL_VLLM_URL", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(pytest.fail.Exception, match="is set but the engine is not healthy"):
+        wait_for_engine(start_s=1.0)

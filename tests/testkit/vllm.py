@@ -52,13 +52,13 @@ def _log_tail() -> str:
     return "\n".join(Path(log).read_text(errors="replace").splitlines()[-30:])
 
 
-def wait_for_engine() -> VllmEngine:
+def wait_for_engine(start_s: float = START_S) -> VllmEngine:
     """The engine at SWERL_VLLM_URL once healthy and warm; skips when the variable is unset and
-    fails when the engine is not up within START_S."""
+    fails when the engine is not up within start_s."""
     url = os.environ.get("SWERL_VLLM_URL", "").rstrip("/")
     if not url:
         pytest.skip("no vLLM engine (scripts/test starts one; tests/README.md: SWERL_VLLM_URL)")
-    deadline = time.monotonic() + START_S
+    deadline = time.monotonic() + start_s
     last = ""
     while True:
         try:
@@ -68,7 +68,7 @@ def wait_for_engine() -> VllmEngine:
             last = f"{type(err).__name__}: {err}"
         if time.monotonic() > deadline:
             pytest.fail(
-                f"SWERL_VLLM_URL={url} is set but the engine is not healthy after {START_S:.0f} s"
+                f"SWERL_VLLM_URL={url} is set but the engine is not healthy after {start_s:.0f} s"
                 f" ({last}); its log's end:\n{_log_tail()}",
                 pytrace=False,
             )
@@ -87,7 +87,7 @@ def wait_for_engine() -> VllmEngine:
     request = urllib.request.Request(
         url + "/inference/v1/generate", warm, {"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=START_S):
+    with urllib.request.urlopen(request, timeout=max(start_s, 60.0)):
         pass
     return engine
 
