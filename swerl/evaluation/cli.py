@@ -157,11 +157,13 @@ async def _run(args: argparse.Namespace) -> int:
                 build_images, tasks, base_image=args.base_image, progress=lambda line: None
             )
     tokenizer = args.tokenizer
-    if not tokenizer and (args.replay or args.policy_api == "sglang"):
+    if not tokenizer and (args.replay or args.policy_api in ("sglang", "vllm")):
         from swerl.chassis.hf import bundled_qwen3_tokenizer_dir
 
         tokenizer = str(bundled_qwen3_tokenizer_dir())
-    model = args.model or ("replay" if args.replay else args.policy_url)
+    # vLLM takes the model as the served name it samples from: none named, its one model.
+    default_model = "" if args.policy_api == "vllm" else args.policy_url
+    model = args.model or ("replay" if args.replay else default_model)
     config = EvalConfig(
         policy_endpoint="",
         policy_api=args.policy_api,
@@ -319,8 +321,8 @@ def _branching_problem(args: argparse.Namespace) -> str | None:
         return f"--branches takes 2 to {MAX_BRANCHES} branches, not {count}"
     if args.max_turns and at >= args.max_turns:
         return f"--branch-at {at} must be below --max-turns {args.max_turns}"
-    if args.policy_api != "sglang":
-        return "--branch-at/--branches need --policy-api sglang (token-exact forks)"
+    if args.policy_api not in ("sglang", "vllm"):
+        return "--branch-at/--branches need --policy-api sglang or vllm (token-exact forks)"
     return None
 
 
@@ -345,9 +347,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", "-o", type=Path, required=True, help="output directory")
     policy = parser.add_argument_group("policy")
     policy.add_argument("--policy-url", help="policy server base URL (SGLang router or OpenAI)")
-    policy.add_argument("--policy-api", choices=["sglang", "openai"], default="sglang")
-    policy.add_argument("--model", default="", help="model name (OpenAI) and in preds.jsonl")
-    policy.add_argument("--tokenizer", help="local tokenizer directory (SGLang; default Qwen3)")
+    policy.add_argument("--policy-api", choices=["sglang", "vllm", "openai"], default="sglang")
+    policy.add_argument(
+        "--model", default="", help="model name (OpenAI, vLLM's served name) and in preds.jsonl"
+    )
+    policy.add_argument(
+        "--tokenizer", help="local tokenizer directory (SGLang, vLLM; default Qwen3)"
+    )
     policy.add_argument(
         "--sampling-params",
         type=json.loads,

@@ -33,7 +33,11 @@ _EVAL_STATUS = {
 }
 # How long an interrupted episode gets to end itself (CANCELLED, sandbox released).
 CANCEL_GRACE_S = 10.0
-_POLICY_API = {"sglang": pb.POLICY_API_SGLANG_GENERATE, "openai": pb.POLICY_API_OPENAI_CHAT}
+_POLICY_API = {
+    "sglang": pb.POLICY_API_SGLANG_GENERATE,
+    "vllm": pb.POLICY_API_VLLM_GENERATE,
+    "openai": pb.POLICY_API_OPENAI_CHAT,
+}
 
 
 @dataclass

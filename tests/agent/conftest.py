@@ -22,3 +22,11 @@ def _no_sandboxes_of_an_earlier_run(request: pytest.FixtureRequest):
         return  # no dockerd: the tests that need one say so
     if stale:
         subprocess.run(["docker", "rm", "-f", *stale], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The run's one real vLLM engine (SWERL_VLLM_URL), healthy and warm: testkit.vllm."""
+    from testkit.vllm import wait_for_engine
+
+    return wait_for_engine()

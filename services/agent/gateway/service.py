@@ -1,5 +1,6 @@
-"""The gateway as the agent runs it: a SessionStore whose policies are SGLang clients and whose
-chat templates come from the agent's codec cache, served on its own HTTP port.
+"""The gateway as the agent runs it: a SessionStore whose policies are SGLang or vLLM clients
+(SessionSpec.engine) and whose chat templates come from the agent's codec cache, served on its
+own HTTP port.
 
 In-process (tests, `swerl eval`, the demo):
 
@@ -21,7 +22,14 @@ from typing import Any
 import aiohttp
 
 from swerl.agent.gateway.http import GatewayServer
-from swerl.agent.gateway.session import CodecSource, Session, SessionSpec, SessionStore
+from swerl.agent.gateway.session import (
+    DEFAULT_MODEL,
+    ENGINE_VLLM,
+    CodecSource,
+    Session,
+    SessionSpec,
+    SessionStore,
+)
 from swerl.agent.policy.clients import (
     RETRY_ATTEMPTS,
     RETRY_MAX_DELAY_S,
@@ -30,6 +38,7 @@ from swerl.agent.policy.clients import (
     policy_retrying,
 )
 from swerl.agent.policy.tokens import ChatCodec, TemplateMismatch, codec_key
+from swerl.agent.policy.vllm import VllmPolicy
 from swerl.agent.settings import GATEWAY_CPU_THREADS, POLICY_REQUEST_TIMEOUT_S
 from swerl.chassis.gctune import tune_collector
 from swerl.chassis.hf import load_tokenizer
@@ -77,10 +86,27 @@ class Gateway:
 
     def _policy(self, spec: SessionSpec, session_id: str) -> TokenPolicy:
         header = self._routing_key_header
+        http = self._http_session() if callable(self._http_session) else self._http_session
+        if spec.engine == ENGINE_VLLM:
+            return VllmPolicy(
+                http,
+                spec.endpoint,
+                spec.sampling_params,
+                request_timeout_s=spec.request_timeout_s or self._request_timeout_s,
+                # DEFAULT_MODEL is the name the gateway answers with when the policy config
+                # names none: then vLLM samples from its one served model.
+                model="" if spec.model == DEFAULT_MODEL else spec.model,
+                lora_path=spec.lora_path,
+                executor=self._executor,
+                retrying=self._retrying,
+                headers={header: session_id} if header else {},
+                turns=self.store.turns,
+                request_key=session_id,
+            )
         # The session id as routing key: a consistent-hashing router keeps all the session's
         # calls on one engine, whose prefix cache then holds its chains.
         return SglangPolicy(
-            self._http_session() if callable(self._http_session) else self._http_session,
+            http,
             spec.endpoint,
             spec.sampling_params,
             request_timeout_s=spec.request_timeout_s or self._request_timeout_s,

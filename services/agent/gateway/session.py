@@ -53,6 +53,7 @@ from swerl.agent.loop.pacing import IterationGate
 from swerl.agent.policy.clients import Generation, PolicyUnavailable, TokenPolicy
 from swerl.agent.policy.context import ContextExhausted
 from swerl.agent.policy.tokens import ChatCodec, TokenRecordData
+from swerl.agent.policy.vllm import UnsupportedSamplingParam, vllm_sampling_params
 
 T = TypeVar("T")
 DEFAULT_MAX_NEW_TOKENS = 4096
@@ -75,6 +76,9 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
     }
 )
 DEFAULT_MODEL = "swerl-policy"
+# The engines a session's policy calls go to (SessionSpec.engine): their token APIs.
+ENGINE_SGLANG = "sglang"
+ENGINE_VLLM = "vllm"
 
 
 class SessionState(enum.Enum):
@@ -102,6 +106,8 @@ class SessionSpec:
     owner: str = ""
     # Where CloseSession writes the session for `swerl inspect` (empty: nowhere).
     artifact_dir: str = ""
+    # Whose token API the endpoint serves: SGLang's /generate or vLLM's /inference/v1/generate.
+    engine: str = ENGINE_SGLANG
 
     def check(self) -> None:
         if not self.endpoint:
@@ -124,6 +130,15 @@ class SessionSpec:
             raise InvalidSessionSpec(
                 "artifact_dir must be an absolute path on the agent's host", field="artifact_dir"
             )
+        if self.engine not in (ENGINE_SGLANG, ENGINE_VLLM):
+            raise InvalidSessionSpec(f"no engine {self.engine!r}", field="policy.api")
+        if self.engine == ENGINE_VLLM:
+            try:  # vLLM would ignore an unknown key: refused when the session opens
+                vllm_sampling_params(self.sampling_params)
+            except UnsupportedSamplingParam as err:
+                raise InvalidSessionSpec(
+                    err.message, field=f"policy.sampling_params.{err.key}"
+                ) from None
 
     def max_new(self) -> int:
         if self.max_new_tokens:
@@ -134,7 +149,7 @@ class SessionSpec:
         )
 
 
-# Builds the policy client of one branch of a session (SGLang /generate for the spec).
+# Builds the policy client of one branch of a session (the spec's engine's token API).
 PolicyFactory = Callable[[SessionSpec, str], TokenPolicy]
 # Loads (once) the chat codec of a tokenizer path and template kwargs.
 CodecSource = Callable[[str, dict[str, Any]], Awaitable[ChatCodec]]

@@ -13,7 +13,13 @@ from google.protobuf.json_format import MessageToDict
 
 from swerl.agent.gateway.artifacts import write_session
 from swerl.agent.gateway.errors import GatewayDisabled, InvalidSessionSpec
-from swerl.agent.gateway.session import Session, SessionSpec, SessionState
+from swerl.agent.gateway.session import (
+    ENGINE_SGLANG,
+    ENGINE_VLLM,
+    Session,
+    SessionSpec,
+    SessionState,
+)
 from swerl.agent.gateway.tree import CallKind
 from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.v1 import agent_pb2 as pb
@@ -35,6 +41,12 @@ CALL_KIND_PB: dict[CallKind, pb.SessionCallKind] = {
     CallKind.FORK: pb.SESSION_CALL_KIND_FORK,
 }
 
+# The token APIs a session may name, as SessionSpec.engine.
+_ENGINES = {
+    pb.POLICY_API_UNSPECIFIED: ENGINE_SGLANG,
+    pb.POLICY_API_SGLANG_GENERATE: ENGINE_SGLANG,
+    pb.POLICY_API_VLLM_GENERATE: ENGINE_VLLM,
+}
 _INTEGER_PARAMS = ("top_k", "max_new_tokens", "min_new_tokens", "sampling_seed", "n")
 
 
@@ -52,9 +64,11 @@ def _sampling_params(struct: Any) -> dict[str, Any]:
 
 def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
     policy = request.policy
-    if policy.api not in (pb.POLICY_API_UNSPECIFIED, pb.POLICY_API_SGLANG_GENERATE):
+    engine = _ENGINES.get(policy.api)
+    if engine is None:
         raise InvalidSessionSpec(
-            "the gateway records tokens: policy.api must be SGLANG_GENERATE", field="policy.api"
+            "the gateway records tokens: policy.api must be SGLANG_GENERATE or VLLM_GENERATE",
+            field="policy.api",
         )
     timeout = seconds_of(policy.request_timeout) if policy.HasField("request_timeout") else 0.0
     return SessionSpec(
@@ -71,6 +85,7 @@ def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
         template_kwargs=MessageToDict(request.template_kwargs),
         owner=request.owner,
         artifact_dir=request.artifact_dir,
+        engine=engine,
     )
 
 

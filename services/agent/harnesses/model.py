@@ -23,11 +23,18 @@ from typing import Any, TypeVar
 from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.gateway.artifacts import session_json
 from swerl.agent.gateway.service import Gateway
-from swerl.agent.gateway.session import Session, SessionSpec, SessionState
+from swerl.agent.gateway.session import (
+    ENGINE_SGLANG,
+    ENGINE_VLLM,
+    Session,
+    SessionSpec,
+    SessionState,
+)
 from swerl.agent.gateway.wire import session_pb
 from swerl.agent.harnesses.base import HarnessModel
 from swerl.agent.policy.tokens import TokenRecordData
 from swerl.agent.spec import EpisodeSpec
+from swerl.agent.v1 import agent_pb2 as pb
 from swerl.chassis.errors import SwerlError
 
 T = TypeVar("T")
@@ -55,6 +62,7 @@ def session_spec(spec: EpisodeSpec) -> SessionSpec:
         reasoning_parser=config.reasoning_parser,
         template_kwargs=dict(config.chat_template_kwargs),
         owner=spec.lease_owner,
+        engine=ENGINE_VLLM if spec.api == pb.POLICY_API_VLLM_GENERATE else ENGINE_SGLANG,
     )
 
 

@@ -33,6 +33,7 @@ from swerl.agent.loop.sandbox import SandboxProvider
 from swerl.agent.policy.clients import OpenAIChatPolicy, SglangPolicy, policy_retrying
 from swerl.agent.policy.modes import ChatMode, Policy, TokenMode
 from swerl.agent.policy.tokens import ChatCodec, TemplateMismatch, codec_key, worker_call
+from swerl.agent.policy.vllm import UnsupportedSamplingParam, VllmPolicy, vllm_sampling_params
 from swerl.agent.settings import AgentSettings
 from swerl.agent.spec import EpisodeSpec, sampling_params_of
 from swerl.agent.v1 import agent_pb2 as pb
@@ -42,6 +43,8 @@ from swerl.chassis.timeconv import seconds_of
 
 # Most branches of one episode (EpisodeBranch.count).
 MAX_BRANCHES = 64
+# The policy APIs that return exact token ids and logprobs (the episode trains on them).
+TOKEN_APIS = (pb.POLICY_API_SGLANG_GENERATE, pb.POLICY_API_VLLM_GENERATE)
 
 # Builds the PRM judge of one PRM-enabled episode from its PrmSpec and episode id.
 JudgeFactory = Callable[[PrmSpec, str], StepJudge]
@@ -199,9 +202,13 @@ class EpisodeRunner:
             raise InvalidEpisodeStart("policy.endpoint is required", field="policy.endpoint")
         config = load_config(start.options.config_name)
         api = start.policy.api or pb.POLICY_API_SGLANG_GENERATE
-        if api == pb.POLICY_API_SGLANG_GENERATE and not start.policy.tokenizer_path:
+        if api not in pb.PolicyApi.values():
+            raise InvalidEpisodeStart(f"policy.api {api} is no PolicyApi", field="policy.api")
+        tokens_api = api in TOKEN_APIS
+        if tokens_api and not start.policy.tokenizer_path:
             raise InvalidEpisodeStart(
-                "policy.tokenizer_path is required for SGLANG_GENERATE", field="policy"
+                f"policy.tokenizer_path is required for {pb.PolicyApi.Name(api)[11:]}",
+                field="policy",
             )
         if start.policy.return_routed_experts and api != pb.POLICY_API_SGLANG_GENERATE:
             raise InvalidEpisodeStart(
@@ -242,9 +249,10 @@ class EpisodeRunner:
                     f"options.branch.at_turn must be 0 to max_turns - 1 ({max_turns - 1})",
                     field="options.branch",
                 )
-            if api != pb.POLICY_API_SGLANG_GENERATE:
+            if not tokens_api:
                 raise InvalidEpisodeStart(
-                    "options.branch needs SGLANG_GENERATE: branches copy the exact token state",
+                    "options.branch needs SGLANG_GENERATE or VLLM_GENERATE: branches copy the"
+                    " exact token state",
                     field="options.branch",
                 )
         harness = opts.harness or DEFAULT_HARNESS
@@ -254,10 +262,10 @@ class EpisodeRunner:
                 "options.branch needs the builtin harness: only swerl's loop can stop at a turn",
                 field="options.branch",
             )
-        if harness != DEFAULT_HARNESS and api != pb.POLICY_API_SGLANG_GENERATE:
+        if harness != DEFAULT_HARNESS and not tokens_api:
             raise InvalidEpisodeStart(
-                f"harness {harness!r} needs SGLANG_GENERATE: its gateway session sends the"
-                " policy exact token ids",
+                f"harness {harness!r} needs SGLANG_GENERATE or VLLM_GENERATE: its gateway"
+                " session sends the policy exact token ids",
                 field="policy.api",
             )
         if harness != DEFAULT_HARNESS and opts.dynamic_history:
@@ -267,6 +275,13 @@ class EpisodeRunner:
                 field="options.dynamic_history",
             )
         params = sampling_params_of(MessageToDict(start.policy.sampling_params))
+        if api == pb.POLICY_API_VLLM_GENERATE:
+            try:  # refused here, before the episode leases a sandbox
+                vllm_sampling_params(params)
+            except UnsupportedSamplingParam as err:
+                raise InvalidEpisodeStart(
+                    err.message, field=f"policy.sampling_params.{err.key}"
+                ) from None
         max_new = limits.max_new_tokens or int(params.get("max_new_tokens") or d.max_new_tokens)
         prm = start.prm
         return EpisodeSpec(
@@ -308,25 +323,40 @@ class EpisodeRunner:
         )
 
     async def _policy(self, spec: EpisodeSpec, tokenizer_path: str) -> Policy:
-        """The episode's policy in its mode: exact tokens (SGLang) or chat text (OpenAI)."""
+        """The episode's policy in its mode: exact tokens (SGLang, vLLM) or chat text (OpenAI)."""
         settings = self.settings
         # One stable key on every call of the episode: a consistent-hashing router sends all
         # its turns to one engine, whose prefix cache then holds the episode's context.
         header = settings.routing_key_header
         headers = {header: spec.episode_id} if header else {}
-        if spec.api == pb.POLICY_API_SGLANG_GENERATE:
+        if spec.api in TOKEN_APIS:
             codec = await self.codec(tokenizer_path, spec.config.template_kwargs())
-            client = SglangPolicy(
-                self.session(),
-                spec.endpoint,
-                spec.sampling_params,
-                request_timeout_s=spec.request_timeout_s,
-                executor=self.executor,
-                retrying=self.policy_retrying,
-                headers=headers,
-                return_routed_experts=spec.return_routed_experts,
-                lora_path=spec.lora_path,
-            )
+            client: SglangPolicy | VllmPolicy
+            if spec.api == pb.POLICY_API_VLLM_GENERATE:
+                client = VllmPolicy(
+                    self.session(),
+                    spec.endpoint,
+                    spec.sampling_params,
+                    request_timeout_s=spec.request_timeout_s,
+                    model=spec.model,
+                    lora_path=spec.lora_path,
+                    executor=self.executor,
+                    retrying=self.policy_retrying,
+                    headers=headers,
+                    request_key=spec.episode_id,
+                )
+            else:
+                client = SglangPolicy(
+                    self.session(),
+                    spec.endpoint,
+                    spec.sampling_params,
+                    request_timeout_s=spec.request_timeout_s,
+                    executor=self.executor,
+                    retrying=self.policy_retrying,
+                    headers=headers,
+                    return_routed_experts=spec.return_routed_experts,
+                    lora_path=spec.lora_path,
+                )
             config = spec.config
 
             def omission_text(n_omitted: int) -> str:

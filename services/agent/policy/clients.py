@@ -386,6 +386,12 @@ class SglangPolicy:
         )
         if status == 400 and over_context_length(raw):
             raise ContextExhausted(engine_message(raw))
+        if status == 404:  # SGLang serves /generate for every model: a server of another API
+            raise PolicyUnavailable(
+                f"policy.api is SGLANG_GENERATE but {self._url} answered HTTP 404: the server"
+                " does not speak SGLang's /generate (a vLLM server is POLICY_API_VLLM_GENERATE)",
+                reason="POLICY_ERROR",
+            )
         if status != 200:
             raise _failing(status, raw, "policy server")
         return raw
