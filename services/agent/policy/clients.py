@@ -170,7 +170,31 @@ async def _post(
     raise AssertionError("unreachable")
 
 
-async def _in_pool(executor: Executor | None, fn: Callable[..., Any], *args: Any) -> Any:
+async def post_engine(
+    session: aiohttp.ClientSession,
+    url: str,
+    retrying: Any,
+    what: str,
+    *,
+    over_context: Callable[[bytes], bool],
+    not_found: Callable[[bytes], PolicyUnavailable],
+    **request: Any,
+) -> bytes:
+    """One token-API call to an engine under the retry policy: the 200 answer's body. The
+    engine's 400 that `over_context` recognises is the prompt over its context length
+    (ContextExhausted, with the engine's words), a 404 is `not_found`'s error, and any other
+    status POLICY_ERROR with the engine's message."""
+    status, raw = await _post(session, url, retrying, what, **request)
+    if status == 400 and over_context(raw):
+        raise ContextExhausted(engine_message(raw))
+    if status == 404:
+        raise not_found(raw)
+    if status != 200:
+        raise _failing(status, raw, what)
+    return raw
+
+
+async def in_pool(executor: Executor | None, fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
 
@@ -365,36 +389,35 @@ class SglangPolicy:
         return b"".join((b'{"input_ids":[', *pieces, tail.encode()))
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
-        body = await _in_pool(self._executor, self._body, input_ids, max_new_tokens)
+        body = await in_pool(self._executor, self._body, input_ids, max_new_tokens)
         if self._turns is not None:
             await self._turns.wait_turn()
         raw = await self._post(body)
         try:
-            return await _in_pool(self._executor, self._parse, raw)
+            return await in_pool(self._executor, self._parse, raw)
         except (ValueError, KeyError, IndexError, TypeError) as err:
             raise PolicyUnavailable(f"unreadable policy reply: {err}", "POLICY_BAD_REPLY") from err
 
     async def _post(self, body: bytes) -> bytes:
-        status, raw = await _post(
+        return await post_engine(
             self._session,
             self._url,
             self._retrying,
             "policy server",
+            over_context=over_context_length,
+            not_found=self._not_found,
             data=body,
             headers=self._headers,
             timeout=self._timeout,
         )
-        if status == 400 and over_context_length(raw):
-            raise ContextExhausted(engine_message(raw))
-        if status == 404:  # SGLang serves /generate for every model: a server of another API
-            raise PolicyUnavailable(
-                f"policy.api is SGLANG_GENERATE but {self._url} answered HTTP 404: the server"
-                " does not speak SGLang's /generate (a vLLM server is POLICY_API_VLLM_GENERATE)",
-                reason="POLICY_ERROR",
-            )
-        if status != 200:
-            raise _failing(status, raw, "policy server")
-        return raw
+
+    def _not_found(self, raw: bytes) -> PolicyUnavailable:
+        # SGLang serves /generate for every model: a 404 is a server of another API.
+        return PolicyUnavailable(
+            f"policy.api is SGLANG_GENERATE but {self._url} answered HTTP 404: the server"
+            " does not speak SGLang's /generate (a vLLM server is POLICY_API_VLLM_GENERATE)",
+            reason="POLICY_ERROR",
+        )
 
 
 _OPENAI_KEYS = {

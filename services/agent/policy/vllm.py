@@ -54,12 +54,11 @@ from swerl.agent.policy.clients import (
     RETRY_MAX_DELAY_S,
     Generation,
     PolicyUnavailable,
-    _in_pool,
-    _post,
     engine_message,
+    in_pool,
     policy_retrying,
+    post_engine,
 )
-from swerl.agent.policy.context import ContextExhausted
 from swerl.agent.policy.tokens import token_array
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -277,7 +276,7 @@ class VllmPolicy:
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
         request_id = f"{self._key}-{uuid.uuid4().hex[:16]}"
-        body = await _in_pool(self._executor, self._body, request_id, input_ids, max_new_tokens)
+        body = await in_pool(self._executor, self._body, request_id, input_ids, max_new_tokens)
         if self._turns is not None:
             await self._turns.wait_turn()
         try:
@@ -286,7 +285,7 @@ class VllmPolicy:
             self._abort(request_id)
             raise
         try:
-            return await _in_pool(self._executor, parse_vllm_reply, raw)
+            return await in_pool(self._executor, parse_vllm_reply, raw)
         except (ValueError, KeyError, IndexError, TypeError) as err:
             raise PolicyUnavailable(f"unreadable vLLM reply: {err}", "POLICY_BAD_REPLY") from err
 
@@ -309,21 +308,14 @@ class VllmPolicy:
         task.add_done_callback(_ABORTS.discard)
 
     async def _post(self, body: bytes) -> bytes:
-        status, raw = await _post(
+        return await post_engine(
             self._session,
             self._url,
             self._retrying,
             "vLLM server",
+            over_context=over_max_model_len,
+            not_found=lambda raw: _not_found(self._base, raw),
             data=body,
             headers=self._headers,
             timeout=self._timeout,
         )
-        if status == 400 and over_max_model_len(raw):
-            raise ContextExhausted(engine_message(raw))
-        if status == 404:
-            raise _not_found(self._base, raw)
-        if status != 200:
-            raise PolicyUnavailable(
-                f"vLLM server answered HTTP {status}: {engine_message(raw)}", reason="POLICY_ERROR"
-            )
-        return raw
