@@ -26,7 +26,7 @@ def _no_sandboxes_of_an_earlier_run(request: pytest.FixtureRequest):
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    """The run's one real vLLM engine (SWERL_VLLM_URL), healthy and warm: testkit.vllm."""
-    from testkit.vllm import wait_for_engine
+    """The run's one real vLLM engine (SWERL_VLLM_URL), healthy and warm: testkit.vllm_engine."""
+    from testkit.vllm_engine import wait_for_engine
 
     return wait_for_engine()

@@ -23,7 +23,7 @@ from testkit.agent import (
     sandboxes_left,
     start_for,
 )
-from testkit.vllm import RecordingProxy, VllmEngine, assert_records_are_the_engines
+from testkit.vllm_engine import RecordingProxy, VllmEngine, assert_records_are_the_engines
 
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.devservers.replay import ReplayPolicyServer

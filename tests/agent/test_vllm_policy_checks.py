@@ -262,7 +262,7 @@ async def test_a_vllm_session_on_an_sglang_server_names_the_api_mismatch() -> No
 def test_the_vllm_tests_skip_without_an_engine_url_and_fail_when_it_is_not_healthy(
     monkeypatch,
 ) -> None:
-    from testkit.vllm import wait_for_engine
+    from testkit.vllm_engine import wait_for_engine
 
     monkeypatch.delenv("SWERL_VLLM_URL", raising=False)
     with pytest.raises(pytest.skip.Exception, match="SWERL_VLLM_URL"):

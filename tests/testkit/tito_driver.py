@@ -26,6 +26,12 @@ import os
 import sys
 from typing import Any
 
+# Run as a script, this file's folder (tests/testkit) is first on sys.path, and a module of the
+# testkit could shadow the package it drives (`import miles_tito_tokenizers`): only the
+# interpreter's own paths.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
 FAMILIES = (
     ("Qwen3TITOTokenizer", "qwen3_fixed.jinja"),
     ("QwenNextTITOTokenizer", "qwen3_thinking_2507_and_next_fixed.jinja"),

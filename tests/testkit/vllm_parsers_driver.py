@@ -27,6 +27,11 @@ import os
 import sys
 from typing import Any
 
+# Run as a script, this file's folder (tests/testkit) is first on sys.path, and a module of the
+# testkit could shadow the package it drives (`import vllm`): only the interpreter's own paths.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
 
 def _calls_out(calls: list[Any]) -> list[dict[str, Any]]:
     return [{"name": call.name, "arguments": call.arguments} for call in calls]

@@ -45,6 +45,30 @@ def _get(url: str, timeout_s: float = 5.0) -> bytes:
         return bytes(response.read())
 
 
+def engine_queue(engine: VllmEngine) -> tuple[float, float]:
+    """The engine's own count of requests running and waiting (its /metrics gauges
+    `vllm:num_requests_running` and `vllm:num_requests_waiting`)."""
+    counts = {"running": 0.0, "waiting": 0.0}
+    for line in _get(engine.url + "/metrics").decode().splitlines():
+        for key in counts:
+            if line.startswith(f"vllm:num_requests_{key}{{"):
+                counts[key] += float(line.rsplit(" ", 1)[1])
+    return counts["running"], counts["waiting"]
+
+
+async def wait_until_sampling(engine: VllmEngine, timeout_s: float = 120.0) -> None:
+    """Until the engine's scheduler runs every request it was sent (at least one, none
+    waiting): a request the proxy has forwarded may still be queued, or in the engine's
+    first-call warm-up, and an abort that comes before the engine holds it is a no-op."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        running, waiting = await asyncio.to_thread(engine_queue, engine)
+        if running >= 1 and not waiting:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "the engine never ran the request"
+        await asyncio.sleep(0.2)
+
+
 def _log_tail() -> str:
     log = os.environ.get("SWERL_VLLM_LOG", "")
     if not log or not Path(log).is_file():
