@@ -23,11 +23,12 @@ forcings are built on it (FORCINGS):
 - `text`: `choice: [text]`, which vLLM turns into an EBNF literal (`v1/structured_output/
   utils.py:438-455`, escaping done there). The bytes are forced, not the split into tokens: at
   each step every token that continues the text is allowed, and the random tiny model picks
-  shorter pieces than the tokenizer does (the first gold turn: 34 sampled ids where the
-  tokenizer gives 19), so the record holds ids that decode to the text but are not its canonical
-  encoding. That is what the engine sampled and what swerl records (the next prompt carries
-  those ids on, token in, token out); the longer turns of the bundled tasks do not fit the tiny
-  engine's 4096-token context this way.
+  shorter pieces than the tokenizer does: on the bundled tasks' gold scripts 31-42 sampled ids
+  where the tokenizer gives 20 for the first turn, 755-2152 for 626-1859 in the base64 patch
+  turn (6 Dec). The record holds ids that decode to the text but are not its canonical encoding;
+  that is what the engine sampled and what swerl records, and the next prompt carries those ids
+  on (token in, token out: no re-encoding). All six tasks still fit the tiny engine's 4096-token
+  context (the longest trajectory 2906 tokens; 2541 forced by tokens).
 
 After the constraint is satisfied only the model's end-of-sequence id is allowed; the tiny Qwen3's
 is `<|im_end|>` (151645), so each forced turn ends where the replay's does.
