@@ -31,7 +31,10 @@ forcings are built on it (FORCINGS):
   context (the longest trajectory 2906 tokens; 2541 forced by tokens).
 
 After the constraint is satisfied only the model's end-of-sequence id is allowed; the tiny Qwen3's
-is `<|im_end|>` (151645), so each forced turn ends where the replay's does.
+is `<|im_end|>` (151645), so each forced turn ends where the replay's does. The logprobs the
+engine returns are taken after the constraint's mask (`v1/worker/gpu_model_runner.py:4333-4337`
+masks the logits before the sampler): 0 for every id a token grammar forces, and for a forced
+text the log-probability among the tokens that continue it.
 """
 
 from __future__ import annotations

@@ -114,6 +114,14 @@ async def test_the_engine_forced_to_the_gold_tokens_resolves_the_task_and_sample
     record, tokens, proxy = await _forced_run(vllm_engine, tmp_path, instance)
     assert record["status"] == "SUBMITTED" and record["resolved"], record
     sampled = _assert_runs_are_the_engines(tokens, proxy)
+    # One allowed id at each step: vLLM masks the logits before its logprobs, so each is 0.
+    assert all(
+        lp == 0.0
+        for lp, mask in zip(
+            tokens["trajectory"]["logprobs"], tokens["trajectory"]["loss_mask"], strict=True
+        )
+        if mask
+    )
     # The engine was sent each turn's token grammar and sampled exactly those ids.
     tokenizer = load_tokenizer(bundled_qwen3_tokenizer_dir())
     gold = _gold_turns(instance)
