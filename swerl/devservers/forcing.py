@@ -15,20 +15,23 @@ whose `structured_outputs` (`sampling_params.py:404`) is a `StructuredOutputsPar
 json, regex, choice, grammar, json_object or structural_tag (`sampling_params.py:99-110`). Two
 forcings are built on it (FORCINGS):
 
-- `tokens` (the default): a Lark grammar of the turn's canonical token ids, one `<[id]>`
-  terminal each (llguidance's token syntax). xgrammar, the `auto` backend's first choice,
-  rejects it, and `auto` then falls back to guidance for that request
-  (`sampling_params.py:1393-1436`), which allows exactly one token at each step and then only the
-  end of turn. The engine samples the same ids the tokenizer would give the text.
-- `text`: `choice: [text]`, which vLLM turns into an EBNF literal (`v1/structured_output/
-  utils.py:438-455`, escaping done there). The bytes are forced, not the split into tokens: at
-  each step every token that continues the text is allowed, and the random tiny model picks
-  shorter pieces than the tokenizer does: on the bundled tasks' gold scripts 31-42 sampled ids
-  where the tokenizer gives 20 for the first turn, 755-2152 for 626-1859 in the base64 patch
-  turn (6 Dec). The record holds ids that decode to the text but are not its canonical encoding;
-  that is what the engine sampled and what swerl records, and the next prompt carries those ids
-  on (token in, token out: no re-encoding). All six tasks still fit the tiny engine's 4096-token
-  context (the longest trajectory 2906 tokens; 2541 forced by tokens).
+- `text` (the default): `choice: [text]`, which vLLM turns into an EBNF literal
+  (`v1/structured_output/utils.py:438-455`, escaping done there). The bytes are forced, not the
+  split into tokens: at each step every token that continues the text is allowed, and the random
+  tiny model picks shorter pieces than the tokenizer does: on the bundled tasks' gold scripts
+  31-42 sampled ids where the tokenizer gives 20 for the first turn, 755-2152 for 626-1859 in
+  the base64 patch turn (6 Dec). The record holds ids that decode to the text but are not its
+  canonical encoding; that is what the engine sampled and what swerl records, and the next
+  prompt carries those ids on (token in, token out: no re-encoding). All six tasks still fit the
+  tiny engine's 4096-token context (the longest trajectory 2906 tokens).
+- `tokens`: a Lark grammar of the turn's canonical token ids, one `<[id]>` terminal each, which
+  the `auto` backend's xgrammar compiles itself (`v1/structured_output/backend_xgrammar.py:
+  123-125`, `compile_lark`): one allowed id per step, so the engine samples exactly the ids the
+  tokenizer gives the text (the longest bundled trajectory 2541 tokens). It resolves the bundled
+  gold scripts, but vLLM 0.32.0 fails some sequences: a bare request forcing "Step 0: reading
+  more." ([8304, 220, 15, ...]) ends HTTP 500, the engine logging "grammar rejected tokens [15]",
+  while xgrammar 0.2.8 alone accepts the same ids with the same grammar (6 Dec; not understood),
+  so it is not the default.
 
 After the constraint is satisfied only the model's end-of-sequence id is allowed; the tiny Qwen3's
 is `<|im_end|>` (151645), so each forced turn ends where the replay's does. The logprobs the
@@ -54,7 +57,7 @@ from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 from swerl.devservers.replay import script_turn
 
 GENERATE_PATH = "/inference/v1/generate"
-FORCINGS = ("tokens", "text")
+FORCINGS = ("text", "tokens")
 # Hop-by-hop and length headers are the proxy's own to set.
 _DROPPED = {"host", "content-length", "transfer-encoding", "connection"}
 
@@ -86,7 +89,7 @@ class ForcingProxy:
         upstream: str,
         scripts: Mapping[str, Sequence[str]],
         *,
-        forcing: str = "tokens",
+        forcing: str = "text",
         tokenizer_dir: str | Path | None = None,
         host: str = "127.0.0.1",
         port: int = 0,

@@ -421,10 +421,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     policy.add_argument(
         "--forcing",
-        choices=["tokens", "text"],
-        default="tokens",
-        help="with --script: force the turn's canonical token ids (default), or only its text"
-        " (the engine picks the tokens)",
+        choices=["text", "tokens"],
+        default="text",
+        help="with --script: force the turn's text (default; the engine picks the tokens) or its"
+        " canonical token ids",
     )
     services = parser.add_argument_group("services (default: all in this process)")
     services.add_argument("--agent", help="a running AgentService host:port")

@@ -77,7 +77,7 @@ def test_an_unknown_forcing_is_refused_by_the_parser(tmp_path) -> None:
 
 
 def test_the_proxy_refuses_an_unknown_forcing() -> None:
-    with pytest.raises(ValueError, match="unknown forcing 'bytes'; one of tokens, text"):
+    with pytest.raises(ValueError, match="unknown forcing 'bytes'; one of text, tokens"):
         ForcingProxy("http://x:1", {}, forcing="bytes")
 
 
@@ -100,8 +100,8 @@ def test_each_turn_is_forced_as_its_token_ids_or_its_text() -> None:
     [gold] = scripts.values()
     tokenizer = load_tokenizer(bundled_qwen3_tokenizer_dir())
     problem = task.instance["problem_statement"]
-    by_tokens = ForcingProxy("http://x:1", scripts)
-    by_text = ForcingProxy("http://x:1", scripts, forcing="text")
+    by_tokens = ForcingProxy("http://x:1", scripts, forcing="tokens")
+    by_text = ForcingProxy("http://x:1", scripts)
     for turn in range(len(gold)):
         ids = _prompt(tokenizer, problem, gold[:turn])
         sent, call = by_tokens.constrain(_request(ids))

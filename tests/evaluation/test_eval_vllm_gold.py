@@ -111,7 +111,9 @@ async def test_the_engine_forced_to_the_gold_tokens_resolves_the_task_and_sample
     vllm_engine: VllmEngine, tmp_path: Path
 ) -> None:
     instance = "swerl-examples__romans-5"
-    record, tokens, proxy = await _forced_run(vllm_engine, tmp_path, instance)
+    record, tokens, proxy = await _forced_run(
+        vllm_engine, tmp_path, instance, "--forcing", "tokens"
+    )
     assert record["status"] == "SUBMITTED" and record["resolved"], record
     sampled = _assert_runs_are_the_engines(tokens, proxy)
     # One allowed id at each step: vLLM masks the logits before its logprobs, so each is 0.
@@ -137,7 +139,7 @@ async def test_the_engine_forced_to_the_gold_text_resolves_with_its_own_token_sp
     vllm_engine: VllmEngine, tmp_path: Path
 ) -> None:
     instance = "swerl-examples__listutils-14"
-    record, tokens, proxy = await _forced_run(vllm_engine, tmp_path, instance, "--forcing", "text")
+    record, tokens, proxy = await _forced_run(vllm_engine, tmp_path, instance)  # text: default
     assert record["status"] == "SUBMITTED" and record["resolved"], record
     sampled = _assert_runs_are_the_engines(tokens, proxy)
     tokenizer = load_tokenizer(bundled_qwen3_tokenizer_dir())
