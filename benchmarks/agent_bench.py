@@ -22,8 +22,14 @@
    session, in the same run: episodes per minute and the agent process's CPU per turn (its
    threads included; tokenizing in threads for both, so all of it is counted), and the ratio.
 
+5. A real engine (`--engine vllm --policy-url URL`, benchmarks/engine_overhead.py): per-turn
+   bookkeeping of scripted episodes on the replay and on vLLM (forced to the same turns), and
+   the policy client's overhead over a direct /inference/v1/generate (and /generate) call, in one
+   run, with the versions and the machine's load.
+
     python benchmarks/agent_bench.py [--episodes 256] [--turns 10]
     python benchmarks/agent_bench.py --harness mini-swe-agent [--harness-episodes 32]
+    python benchmarks/agent_bench.py --engine vllm --policy-url http://127.0.0.1:8431
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import statistics
 import sys
 import time
 
+import aiohttp
 from benchkit import free_port, progress
 
 from swerl.agent.actions.bash_block import parse_action, render_observation
@@ -425,9 +432,19 @@ def main() -> int:
         "--harness", default="", help="compare this harness with swerl's loop (mini-swe-agent)"
     )
     parser.add_argument("--harness-episodes", type=int, default=32)
+    parser.add_argument(
+        "--engine", choices=["vllm"], help="measure swerl around this real engine (5.)"
+    )
+    parser.add_argument("--policy-url", help="with --engine: the engine's base URL")
+    parser.add_argument("--engine-episodes", type=int, default=3)
+    parser.add_argument("--engine-calls", type=int, default=20)
     args = parser.parse_args()
     if args.harness:
         return compare_harness(args)
+    if args.engine:
+        if not args.policy_url:
+            parser.error("--engine vllm needs --policy-url of a running engine")
+        return asyncio.run(compare_engines(args))
     if not args.skip_bookkeeping:
         progress("bookkeeping: 50 turns, 32k-token budget, real Qwen3 tokenizer and template")
         book = bookkeeping()
@@ -496,6 +513,73 @@ def compare_harness(args: argparse.Namespace) -> int:
         ratio = theirs[key] / max(ours[key], 1e-9)
         pair = f"{theirs[key]:.2f} / {ours[key]:.2f}"
         print(f"  {args.harness} / builtin, {key}: {pair} = {ratio:.2f}")
+    return 0
+
+
+async def compare_engines(args: argparse.Namespace) -> int:
+    """Measurement 5: swerl around the replay and around the vLLM engine, same run."""
+    import engine_overhead as eo
+    from benchkit import load_line, software_line
+
+    from swerl.agent.policy.clients import SglangPolicy
+    from swerl.agent.policy.vllm import VllmPolicy
+    from swerl.agent.v1 import agent_pb2 as pb
+    from swerl.devservers.forcing import ForcingProxy
+    from swerl.devservers.replay import ReplayPolicyServer
+
+    engine = args.policy_url.rstrip("/")
+    async with aiohttp.ClientSession() as session, session.get(engine + "/version") as answer:
+        vllm_version = (await answer.json()).get("version", "?")
+    print(f"  {software_line(eo.ENGINE_DISTRIBUTIONS)}; vLLM engine {vllm_version} at {engine}")
+    print(f"  {load_line()} at the start")
+    script = {eo.SCRIPT_KEY: _bench_script(args.turns)}
+    replay = ReplayPolicyServer(script, threads=2)
+    forcing = ForcingProxy(engine, script)
+    replay_url, forced_url = await replay.start(), await forcing.start()
+    try:
+        book = {}
+        for name, url, api in (
+            ("replay", replay_url, pb.POLICY_API_SGLANG_GENERATE),
+            ("vllm", forced_url, pb.POLICY_API_VLLM_GENERATE),
+        ):
+            progress(
+                f"bookkeeping on {name}: {args.engine_episodes} scripted episodes x"
+                f" {args.turns} turns, one at a time, in-memory sandboxes"
+            )
+            book[name] = await eo.scripted_episodes(
+                url, api, args.engine_episodes, args.turns, MemoryProvider()
+            )
+            _print(book[name])
+        ratio = book["vllm"]["overhead_ms_per_turn_median"] / max(
+            book["replay"]["overhead_ms_per_turn_median"], 1e-9
+        )
+        print(f"  vllm / replay, swerl's overhead per turn: {ratio:.2f}")
+        params = {"temperature": 1.0, "sampling_seed": 7, "ignore_eos": True}
+        vllm_params = {"temperature": 1.0, "seed": 7, "ignore_eos": True}
+        clients = (
+            (
+                "replay",
+                lambda s: SglangPolicy(s, replay_url, params, request_timeout_s=60),
+                eo.sglang_direct_body(params),
+                replay_url + "/generate",
+            ),
+            (
+                "vllm",
+                lambda s: VllmPolicy(s, engine, params, request_timeout_s=60),
+                eo.vllm_direct_body(vllm_params, ""),
+                engine + "/inference/v1/generate",
+            ),
+        )
+        for name, make, body, url in clients:
+            progress(
+                f"policy client on {name}: {args.engine_calls} calls each way, 512-token prompt,"
+                " 16 new tokens"
+            )
+            _print(await eo.client_overhead(make, body, url, args.engine_calls, 512, 16))
+    finally:
+        await forcing.stop()
+        await replay.stop()
+    print(f"  {load_line()} at the end")
     return 0
 
 

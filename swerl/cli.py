@@ -22,7 +22,10 @@ def _demo(args: argparse.Namespace) -> int:
     from swerl.demo import run_demo
 
     configure_logging("console", "warning")
-    return asyncio.run(run_demo(args.image))
+    if args.policy_url and args.engine != "vllm":
+        print("swerl demo: --policy-url is the engine of --engine vllm", file=sys.stderr)
+        return 2
+    return asyncio.run(run_demo(args.image, args.engine, args.policy_url or ""))
 
 
 def _load_tasks(args: argparse.Namespace) -> tuple[Path, list[TaskInstance]]:
@@ -265,6 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     from swerl.demo import DEFAULT_IMAGE
 
     demo.add_argument("--image", default=DEFAULT_IMAGE, help="image of the demo sandbox")
+    demo.add_argument(
+        "--engine",
+        choices=["replay", "vllm"],
+        default="replay",
+        help="the episodes' policy: the embedded replay (default) or a real vLLM engine",
+    )
+    demo.add_argument(
+        "--policy-url",
+        help="with --engine vllm: a running engine (default: start one with scripts/vllm-serve)",
+    )
     demo.set_defaults(handler=_demo)
 
     # The replay policy server plays scripted turns for a task set (a tool over task sets).

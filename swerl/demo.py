@@ -437,15 +437,24 @@ async def gateway_tour(
     return exact and kinds == ["root", "extend", "fork"], lines
 
 
-async def run_demo(image: str = DEFAULT_IMAGE) -> int:
-    """The whole tour (`swerl demo`): the exec node, then episodes through every service; 2
-    with one line saying what to install when a package it needs is missing."""
+async def run_demo(image: str = DEFAULT_IMAGE, engine: str = "replay", policy_url: str = "") -> int:
+    """The whole tour (`swerl demo`): the exec node, then episodes through every service, their
+    policy the replay or (`engine="vllm"`) a real vLLM engine (swerl.demo_vllm); 2 with one line
+    saying what to install or run when something it needs is missing."""
+    from swerl import demo_vllm
+
     problem = missing_for_demo()
+    if not problem and engine == "vllm":
+        problem = demo_vllm.engine_problem(policy_url)
     if problem:
         print(problem, file=sys.stderr, flush=True)
         return 2
     status = await run_exec_demo(image)
-    return status or await run_agent_demo(image)
+    if status:
+        return status
+    if engine == "vllm":
+        return await demo_vllm.run_vllm_agent_demo(policy_url, image)
+    return await run_agent_demo(image)
 
 
 def main() -> int:

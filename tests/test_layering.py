@@ -54,6 +54,7 @@ LAYER_OF_PREFIX = {
     "swerl.trainer_plugin": PLUGIN,
     "swerl.cli": TOOLS,
     "swerl.demo": TOOLS,
+    "swerl.demo_vllm": TOOLS,
     "swerl.evaluation": TOOLS,
     "swerl.validate": TOOLS,
     "swerl.images": TOOLS,

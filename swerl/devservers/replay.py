@@ -346,6 +346,15 @@ def scripts_for_tasks(
     return scripts
 
 
+def script_turn(scripts: Mapping[str, Sequence[str]], prompt: str) -> tuple[str | None, int]:
+    """The script a decoded prompt belongs to (its key; None: no key is in the prompt) and the
+    turn it asks for: the assistant turns in the prompt, plus those the agent reports omitted."""
+    turn = prompt.count(ASSISTANT_HEADER) - 1
+    turn += sum(int(n) for n in _OMITTED.findall(prompt))
+    key = next((k for k in scripts if k in prompt), None)
+    return key, turn
+
+
 @dataclass(frozen=True)
 class ReplayCall:
     """One /generate request: its HTTP headers, the script key it matched (None: none) and
@@ -482,9 +491,7 @@ class ReplayPolicyServer:
         self.stats.requests += 1
         self.stats.prompt_tokens.append(len(input_ids))
         text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
-        turn = text.count(ASSISTANT_HEADER) - 1
-        turn += sum(int(n) for n in _OMITTED.findall(text))
-        key = None if self.garbage else self._key_for(text)
+        key, turn = script_turn({} if self.garbage else self.scripts, text)
         seed = params.get("sampling_seed")
         self.stats.calls.append(
             ReplayCall(
@@ -556,12 +563,6 @@ class ReplayPolicyServer:
                 " fit within the limit."
             )
         return ""
-
-    def _key_for(self, text: str) -> str | None:
-        for key in self.scripts:
-            if key in text:
-                return key
-        return None
 
 
 class PrefixCacheModel:

@@ -82,6 +82,10 @@ def _remove_sandboxes_of(node_ids: list[str]) -> None:
 
 @contextlib.asynccontextmanager
 async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[str]:
+    if args.script:
+        async with _forced_engine(args, tasks) as url:
+            yield url
+        return
     if not args.replay:
         yield args.policy_url
         return
@@ -89,12 +93,7 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
 
     garbage = args.replay == "garbage"
     # A `tool_calls` config gets scripts written as tool calls in its parser's format.
-    parser = ""
-    if args.config_name:
-        from swerl.agent.config import load_config
-
-        config = load_config(args.config_name)
-        parser = config.tool_call_parser if config.tool_calls else ""
+    parser = _tool_call_parser(args)
     server = ReplayPolicyServer(
         {}
         if garbage
@@ -108,6 +107,53 @@ async def _policy(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[s
         yield url
     finally:
         await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _forced_engine(args: argparse.Namespace, tasks: list[Any]) -> AsyncIterator[str]:
+    """The real vLLM engine at --policy-url, each turn forced to the task's --script turn
+    (swerl.devservers.forcing): the engine samples it and the agent records what it sampled."""
+    from swerl.devservers.forcing import ForcingProxy
+    from swerl.devservers.replay import scripts_for_tasks
+
+    proxy = ForcingProxy(
+        args.policy_url,
+        scripts_for_tasks(tasks, args.script, tool_call_parser=_tool_call_parser(args)),
+        forcing=args.forcing,
+        tokenizer_dir=args.tokenizer,
+    )
+    url = await proxy.start()
+    try:
+        yield url
+    finally:
+        await proxy.stop()
+
+
+def _tool_call_parser(args: argparse.Namespace) -> str:
+    """A `tool_calls` config's parser (its scripts are written as its tool calls), or ""."""
+    if not args.config_name:
+        return ""
+    from swerl.agent.config import load_config
+
+    config = load_config(args.config_name)
+    return config.tool_call_parser if config.tool_calls else ""
+
+
+def _script_problem(args: argparse.Namespace) -> str | None:
+    """Why --script cannot run (None: it can, or was not asked for)."""
+    if not args.script:
+        return None
+    if args.replay:
+        return "--script forces a real engine; --replay is the in-process stand-in, not both"
+    if args.policy_api != "vllm":
+        return "--script needs --policy-api vllm (its structured outputs force the turns)"
+    if not args.dataset.is_dir():
+        return "--script plays scripts of a tasks directory"
+    if args.agent:
+        return "--script needs the agent in this process (--agent sends it elsewhere)"
+    if args.harness:
+        return "--script plays swerl's own loop's scripts, not a --harness"
+    return None
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -147,7 +193,8 @@ async def _run(args: argparse.Namespace) -> int:
     )
 
     tasks: list[Any] = []
-    if args.dataset.is_dir() and (args.replay or not args.no_build) and not args.agent:
+    scripted = args.replay or args.script
+    if args.dataset.is_dir() and (scripted or not args.no_build) and not args.agent:
         from swerl.tasks import build_images, load_tasks
 
         wanted = {i.instance_id for i in todo}
@@ -234,7 +281,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.replay and not args.dataset.is_dir():
         print("swerl eval: --replay plays scripts of a tasks directory", file=sys.stderr)
         return 2
-    problem = _branching_problem(args) or _harness_problem(args)
+    problem = _script_problem(args) or _branching_problem(args) or _harness_problem(args)
     if problem:
         print(f"swerl eval: {problem}", file=sys.stderr)
         return 2
@@ -366,6 +413,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run the in-process replay policy on a tasks directory (demo, tests)",
     )
     policy.add_argument("--replay-latency", type=float, default=0.0, help=argparse.SUPPRESS)
+    policy.add_argument(
+        "--script",
+        choices=["gold", "wrong"],
+        help="force the real engine (--policy-api vllm) through each task's replay script:"
+        " every turn's text is the request's constraint, the engine samples it",
+    )
+    policy.add_argument(
+        "--forcing",
+        choices=["text", "tokens"],
+        default="text",
+        help="with --script: force the turn's text (default; the engine picks the tokens) or its"
+        " canonical token ids",
+    )
     services = parser.add_argument_group("services (default: all in this process)")
     services.add_argument("--agent", help="a running AgentService host:port")
     services.add_argument("--pool", help="a running PoolService host:port (agent in-process)")
