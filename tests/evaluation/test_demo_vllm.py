@@ -8,7 +8,7 @@ import os
 import sys
 
 import pytest
-from testkit.vllm import VllmEngine, wait_for_engine
+from testkit.vllm_engine import VllmEngine, wait_for_engine
 
 
 def _demo_env(**changes: str) -> dict[str, str]:

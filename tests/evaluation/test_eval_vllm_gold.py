@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from testkit.vllm import RecordingProxy, VllmEngine, wait_for_engine
+from testkit.vllm_engine import RecordingProxy, VllmEngine, wait_for_engine
 
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
 from swerl.devservers.replay import scripts_for_tasks
