@@ -54,6 +54,7 @@ import aiohttp
 from aiohttp import web
 
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
+from swerl.chassis.site import serve_app
 from swerl.devservers.replay import script_turn
 
 GENERATE_PATH = "/inference/v1/generate"
@@ -114,13 +115,7 @@ class ForcingProxy:
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._client = aiohttp.ClientSession(timeout=self._timeout)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[attr-defined]
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 

@@ -52,6 +52,7 @@ from aiohttp import web
 
 from swerl.agent.config import SUBMIT_SENTINEL
 from swerl.chassis.hf import bundled_qwen3_tokenizer_dir, load_tokenizer
+from swerl.chassis.site import serve_app
 
 _OMITTED = re.compile(r"\[(\d+) earlier turns? omitted")
 ASSISTANT_HEADER = "<|im_start|>assistant"
@@ -424,13 +425,7 @@ class ReplayPolicyServer:
         app.router.add_get("/health", self._health)
         if self.fault_control:
             app.router.add_post("/fault", self._set_fault)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = site._server
-        assert server is not None and server.sockets  # type: ignore[attr-defined]
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        self._runner, self.port = await serve_app(app, self.host, self.port)
         self.url = f"http://{self.host}:{self.port}"
         return self.url
 

@@ -26,6 +26,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from swerl.chassis.site import serve_app
+
 # How long the fixture waits for a starting engine: its start (~40 s on an idle 2-core machine)
 # beside the static checks or other tests, and the first generate's warm-up (~20 s).
 START_S = float(os.environ.get("SWERL_VLLM_START_S", "600"))
@@ -148,11 +150,7 @@ class RecordingProxy:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._client = aiohttp.ClientSession()
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, port = await serve_app(app, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{port}"
         return self.url
 
