@@ -298,6 +298,23 @@ async def _ticker(
             loop_cpu.append(time.thread_time() - cpu)
 
 
+def _bare_ticker(stop: Any, out: Any) -> None:
+    """The machine's own floor, in its own process at the gateway's priority: the same ticker on a
+    loop that does nothing else, while the run's processes share the cores. Its lateness is what
+    the operating system (and, on a virtual machine, the host) costs any loop under this load."""
+
+    async def main() -> list[float]:
+        lateness: list[float] = []
+        done = asyncio.Event()
+        ticking = asyncio.ensure_future(_ticker(done, lateness))
+        await asyncio.to_thread(stop.wait)
+        done.set()
+        await ticking
+        return lateness
+
+    out.put(asyncio.run(main()))
+
+
 async def stalls(
     sessions: int,
     turns: int,
@@ -351,6 +368,9 @@ async def stalls(
             # Started before the ticker: starting a process blocks the caller, which is this
             # benchmark's doing, not the gateway's.
             harnesses.start()
+            bare_stop, bare_out = ctx.Event(), ctx.Queue()
+            bare = ctx.Process(target=_bare_ticker, args=(bare_stop, bare_out), daemon=True)
+            bare.start()
             lateness: list[float] = []
             tick_cpu: list[float] = []
             stop = asyncio.Event()
@@ -362,6 +382,9 @@ async def stalls(
             elapsed = time.monotonic() - started
             stop.set()
             await ticker
+            bare_stop.set()
+            bare_lateness = sorted(await asyncio.to_thread(bare_out.get, True, 60))
+            await asyncio.to_thread(bare.join, 30)
             await asyncio.to_thread(harnesses.join, 30)
             close_lateness: list[float] = []
             stop = asyncio.Event()
@@ -391,6 +414,10 @@ async def stalls(
         "loop_cpu_ms_per_call": loop_cpu * 1e3 / max(calls, 1),
         "loop_cpu_fraction_of_wall": loop_cpu / elapsed,
         "close_worst_stall_ms": max(close_lateness, default=0.0) * 1e3,
+        "bare_loop_worst_stall_ms": bare_lateness[-1] * 1e3 if bare_lateness else 0.0,
+        "bare_loop_p99_stall_ms": (
+            bare_lateness[int(len(bare_lateness) * 0.99)] * 1e3 if bare_lateness else 0.0
+        ),
     }
 
 
@@ -494,6 +521,12 @@ def main() -> int:
             )
         met = result["worst_stall_ms"] < STALL_TARGET_MS
         print(f"  target worst stall < {STALL_TARGET_MS:g} ms: {'met' if met else 'NOT met'}")
+        floor = result["bare_loop_worst_stall_ms"]
+        print(
+            f"  machine floor (a bare loop in its own process, same run): worst {floor:.1f} ms;"
+            f" gateway / floor {result['worst_stall_ms'] / max(floor, 1e-3):.2f}"
+            + ("; the floor itself misses the target" if floor >= STALL_TARGET_MS else "")
+        )
         ok = ok and met
     print(f"  {load_line()} at the end")
     return 0 if ok else 1
