@@ -395,6 +395,7 @@ class ReplayPolicyServer:
         keep_requests: bool = False,
         fault_control: bool = False,
         context_length: int = 0,
+        max_req_input_len: int = 0,
     ) -> None:
         self.tokenizer = load_tokenizer(tokenizer_dir or bundled_qwen3_tokenizer_dir())
         self.scripts = {k: list(v) for k, v in (scripts or {}).items()}
@@ -416,6 +417,10 @@ class ReplayPolicyServer:
         # The engine's context length (0: unlimited): a longer request is refused with HTTP 400
         # as SGLang's tokenizer manager does (`_validate_one_request`).
         self.context_length = context_length
+        # The scheduler's own bound (0: none): SGLang's `max_req_input_len`, the smaller of the
+        # context length and the KV pool's size, less one. A KV pool smaller than the context
+        # refuses a prompt the tokenizer manager let through.
+        self.max_req_input_len = max_req_input_len
         # The injected fault ("error" or "hang") and the monotonic time its window ends.
         self._fault = ("none", 0.0)
 
@@ -539,11 +544,13 @@ class ReplayPolicyServer:
         alone reaching it, or input + max_new_tokens exceeding it, in SGLang's words (sglang
         0.5.23 `managers/tokenizer_manager.py:1307` `_validate_one_request`, messages at
         :1349-1350 and :1372-1376; no reserved tokens here)."""
-        if not self.context_length:
+        if not self.context_length and not self.max_req_input_len:
             return ""
         body = json.loads(raw)
         n = len(body.get("input_ids") or [])
         max_new = int((body.get("sampling_params") or {}).get("max_new_tokens") or 0)
+        if not self.context_length:
+            return self._over_scheduler_limit(n)
         if n >= self.context_length:
             return (
                 f"The input ({n} tokens) is longer than the model's context length"
@@ -557,7 +564,22 @@ class ReplayPolicyServer:
                 " Please reduce the number of tokens in the input messages or the completion to"
                 " fit within the limit."
             )
-        return ""
+        return self._over_scheduler_limit(n)
+
+    def _over_scheduler_limit(self, n: int) -> str:
+        """The scheduler's refusal of a prompt the tokenizer manager passed ("" when it fits):
+        sglang 0.5.23 `managers/utils.py:259` `validate_input_length` (message at :282-286),
+        called by `Scheduler.handle_generate_request` (`managers/scheduler.py:3246-3252`), which
+        aborts the request with 400 (`schedule_batch.py:2221-2225`); the tokenizer manager raises
+        it as ValueError (`tokenizer_manager.py:1917-1918`) and `/generate` answers 400 with
+        `{"error": {"message": ...}}`. Without --allow-auto-truncate."""
+        limit = self.max_req_input_len
+        if not limit or n < limit:
+            return ""
+        return (
+            f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens)."
+            " Use a shorter input or enable --allow-auto-truncate."
+        )
 
 
 class PrefixCacheModel:

@@ -1,7 +1,8 @@
 """A whole episode that runs into the engine's context length (issue 23 item 6): the replay
 server refuses the over-long prompt with HTTP 400 as SGLang does (tokenizer_manager.py
-`_validate_one_request`), and the episode ends LIMIT_CONTEXT, graded, with its trajectory of
-the turns before, never INFRA_ERROR. Real agent, pool, exec node and dockerd."""
+`_validate_one_request`, or the scheduler's `validate_input_length` when its KV pool is the
+smaller bound: issue 41 point 3), and the episode ends LIMIT_CONTEXT, graded, with its trajectory
+of the turns before, never INFRA_ERROR. Real agent, pool, exec node and dockerd."""
 
 from __future__ import annotations
 
@@ -24,11 +25,21 @@ MAX_NEW = 256
 
 
 @pytest.mark.usefixtures("base_image")
-async def test_an_episode_past_the_engines_context_length_ends_limit_context_graded() -> None:
+@pytest.mark.parametrize(
+    "limit",
+    [
+        pytest.param({"context_length": CONTEXT_LENGTH}, id="tokenizer-manager"),
+        # Issue 41 point 3: the scheduler's own bound (a KV pool smaller than the context).
+        pytest.param({"max_req_input_len": CONTEXT_LENGTH - MAX_NEW}, id="scheduler"),
+    ],
+)
+async def test_an_episode_past_the_engines_context_length_ends_limit_context_graded(
+    limit: dict[str, int],
+) -> None:
     task = bundled_tasks()[0]
     key = next(iter(scripts_for_tasks([task])))
     looks = [f"Looking.\n\n```bash\nseq {i} {i + 120}\n```" for i in range(20)]
-    replay = ReplayPolicyServer({key: looks}, keep_requests=True, context_length=CONTEXT_LENGTH)
+    replay = ReplayPolicyServer({key: looks}, keep_requests=True, **limit)
     url = await replay.start()
     # The agent's own budget is far larger: only the engine's refusal can end the episode.
     start = start_for(task, url, "ctx", max_turns=20, max_context_tokens=32_000)

@@ -39,6 +39,23 @@ async def test_a_prompt_over_the_engines_context_length_is_the_context_limit(
     assert replay.stats.requests == 1, "refused before any answer"
 
 
+async def test_the_schedulers_input_length_refusal_is_the_context_limit() -> None:
+    """Issue 41 point 3: a KV pool smaller than the context makes SGLang's scheduler refuse
+    "Input length (N tokens) exceeds the maximum allowed length (M tokens)" with HTTP 400; the
+    client reads it as the context limit (before: POLICY_ERROR, so INFRA_ERROR and a re-run)."""
+    replay = ReplayPolicyServer({}, max_req_input_len=80)
+    url = await replay.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            policy = SglangPolicy(session, url, {}, request_timeout_s=30)
+            fits = await policy.generate(array("i", range(1, 80)), 64)
+            with pytest.raises(ContextExhausted, match="exceeds the maximum allowed length"):
+                await policy.generate(array("i", range(1, 81)), 8)
+    finally:
+        await replay.stop()
+    assert fits.output_ids, "79 tokens fit a bound of 80, whatever max_new_tokens"
+
+
 async def test_other_refusals_stay_policy_errors() -> None:
     replay = ReplayPolicyServer({})
     url = await replay.start()

@@ -21,6 +21,9 @@ from swerl.devservers.replay import ReplayPolicyServer
 SGLANG = "0.5.23"  # the version swerl/devservers/replay.py and policy.py cite
 HTTP = "sglang/srt/entrypoints/http_server.py"
 TM = "sglang/srt/managers/tokenizer_manager.py"
+UTILS = "sglang/srt/managers/utils.py"
+SCHED = "sglang/srt/managers/scheduler.py"
+BATCH = "sglang/srt/managers/schedule_batch.py"
 
 # (file, line, what the cited line holds)
 CITED = [
@@ -36,6 +39,13 @@ CITED = [
     (TM, 2869, 'meta_info["output_token_logprobs"] = state.output_token_logprobs'),
     (TM, 3098, "def detokenize_logprob_tokens("),
     (TM, 3106, "(logprob, token_id, None)"),
+    (TM, 1917, "if status_code == HTTPStatus.BAD_REQUEST:"),
+    (TM, 1918, 'raise ValueError(finish_reason["message"])'),
+    (UTILS, 259, "def validate_input_length("),
+    (UTILS, 272, "if len(req.origin_input_ids) >= max_req_input_len:"),
+    (SCHED, 3246, "error_msg = validate_input_length("),
+    (SCHED, 3252, "req.set_finish_with_abort(error_msg)"),
+    (BATCH, 2224, "status_code: int = HTTPStatus.BAD_REQUEST,"),
 ]
 
 
@@ -52,7 +62,8 @@ def sglang_source(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[st
     )
     (wheel,) = Path(where).glob("sglang-*.whl")
     with zipfile.ZipFile(wheel) as zf:
-        return {name: zf.read(name).decode().splitlines() for name in (HTTP, TM)}
+        names = (HTTP, TM, UTILS, SCHED, BATCH)
+        return {name: zf.read(name).decode().splitlines() for name in names}
 
 
 def test_the_lines_the_replay_cites_say_what_it_relies_on(sglang_source) -> None:
@@ -61,8 +72,8 @@ def test_the_lines_the_replay_cites_say_what_it_relies_on(sglang_source) -> None
 
 
 def _upstream_message(lines: list[str], first: int, last: int, **names: object) -> str:
-    """The f-string literal on lines first..last (1-based) of `_validate_one_request`, formatted
-    with `names`."""
+    """The f-string literal on lines first..last (1-based) of an upstream file (a refusal's
+    message), formatted with `names`."""
     expr = "(" + "\n".join(line.strip() for line in lines[first - 1 : last]) + ")"
     return str(eval(compile(expr, "tokenizer_manager", "eval"), {}, names))
 
@@ -91,3 +102,19 @@ def test_the_replays_context_refusals_are_sglangs_words(sglang_source) -> None:
     # limit.
     for message in (refusal(100, 1), refusal(60, 50)):
         assert over_context_length(json.dumps({"error": {"message": message}}).encode())
+
+
+def test_the_replays_scheduler_refusal_is_sglangs_words(sglang_source) -> None:
+    """Issue 41 point 3: `validate_input_length`'s message (utils.py:282-286), which the
+    scheduler aborts with 400, and which the SGLang client reads as the context limit."""
+    lines = sglang_source[UTILS]
+    replay = ReplayPolicyServer({}, max_req_input_len=80)
+    req = SimpleNamespace(origin_input_ids=list(range(80)))
+
+    def refusal(n: int) -> str:
+        body = {"input_ids": list(range(n)), "sampling_params": {"max_new_tokens": 8}}
+        return replay._over_context_length(json.dumps(body).encode())
+
+    assert refusal(80) == _upstream_message(lines, 283, 285, req=req, max_req_input_len=80)
+    assert refusal(79) == ""
+    assert over_context_length(json.dumps({"error": {"message": refusal(80)}}).encode())

@@ -115,9 +115,13 @@ def over_context_length(body: bytes) -> bool:
     :1307) raises "The input (...) is longer than the model's context length (...)" or
     "Requested token count exceeds the model's maximum context length of ..." (input + reserved
     >= context_len; max_new + input + reserved > context_len), which `/generate` answers with
-    400 (`srt/entrypoints/http_server.py` :2246-2250). The episode's own context limit, not an
-    infra failure."""
-    return b"context length" in body.lower()
+    400 (`srt/entrypoints/http_server.py` :2246-2250). Its scheduler refuses a prompt of at
+    least `max_req_input_len` tokens (the KV pool's size when that is smaller than the context)
+    with "Input length (N tokens) exceeds the maximum allowed length (M tokens)"
+    (`srt/managers/utils.py:282-286`), also a 400 on /generate. Either is the episode's own
+    context limit, not an infra failure."""
+    lowered = body.lower()
+    return b"context length" in lowered or b"exceeds the maximum allowed length" in lowered
 
 
 def engine_message(body: bytes) -> str:
