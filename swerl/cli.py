@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from swerl.chassis.errors import StartupRefused
 from swerl.chassis.logging import configure_logging, quiet_foreign_libraries
 from swerl.tasks import TaskFormatError, TaskImageError, TaskInstance
 
@@ -344,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
         # One line per problem, without pydantic's documentation links.
         for line in settings_error_lines(exc):
             print(line, file=sys.stderr)
+        return 2
+    except StartupRefused as exc:
+        # A service whose settings name what this host lacks: what to do, in one line.
+        print(f"swerl: {exc}", file=sys.stderr)
         return 2
     except (TaskFormatError, TaskImageError) as exc:
         # A bad task row or image is the user's input: one message, no traceback.

@@ -1,7 +1,10 @@
-"""The exec node's only door to dockerd: blocking Docker SDK calls run on a private thread pool.
+"""The exec node's container runtime over the Docker Engine API (swerl.exec.runtime's
+ContainerRuntime): dockerd, or Podman's Docker-compatible service. Blocking Docker SDK calls run
+on a private thread pool.
 
-Keeping every SDK call here means the event loop never blocks on Docker, and the rest of the
-node speaks in plain Python values and swerl errors rather than docker exceptions.
+Keeping every SDK call here means the event loop never blocks on the runtime, and the rest of
+the node speaks in the seam's values and errors (RuntimeApiError, RuntimeNotFound) rather than
+docker exceptions.
 
 A blocking call cannot be interrupted, so a dockerd that hangs (SIGSTOP, a wedged daemon) would
 hold each caller for the Docker client's own timeout (two minutes). Instead the node's health
@@ -19,13 +22,30 @@ import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
 
 from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageReference
+from swerl.exec.runtime import (
+    ContainerInfo,
+    ContainerNotRunning,
+    ContainerSpec,
+    ContainerState,
+    ImageRecord,
+    PullProgress,
+    RuntimeApiError,
+    RuntimeNotFound,
+)
+
+__all__ = [
+    "ContainerInfo",
+    "ContainerNotRunning",
+    "ContainerSpec",
+    "ContainerState",
+    "DockerBackend",
+]
 
 T = TypeVar("T")
 
@@ -36,53 +56,38 @@ T = TypeVar("T")
 _NOT_RUNNING = ("is not running", "stopped state", "setns process")
 
 
-class ContainerNotRunning(OSError):
-    """Docker refused an exec because the container is stopped or is stopping right now."""
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    name: str
-    image: str
-    workdir: str
-    env: dict[str, str]
-    labels: dict[str, str]
-    cpus: float
-    memory_bytes: int
-    pids: int
-    network: str  # "none" | "bridge"
-    cap_add: tuple[str, ...]
-    # host path -> container path, read-write (the sandbox's I/O directory).
-    binds: tuple[tuple[str, str], ...] = ()
-    # host path -> container path, read-only (the node's harness bundles).
-    ro_binds: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    container_id: str
-    name: str
-    labels: dict[str, str]
-    running: bool
-    status: str
-
-
-@dataclass(frozen=True)
-class ContainerState:
-    running: bool
-    # Of the last run, when the container is not running.
-    exit_code: int
-    oom_killed: bool
-    error: str
-
-
 def _drop_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
 
 
+def _neutral(exc: docker.errors.DockerException) -> RuntimeApiError:
+    """A Docker SDK error as the seam's: the message keeps the SDK's text (callers read the
+    daemon's words in it)."""
+    status = getattr(exc, "status_code", None)
+    explanation = str(getattr(exc, "explanation", "") or "")
+    kind = RuntimeNotFound if isinstance(exc, docker.errors.NotFound) else RuntimeApiError
+    return kind(str(exc), status if isinstance(status, int) else None, explanation)
+
+
 class DockerBackend:
-    def __init__(self, client: docker.DockerClient, *, threads: int = 32) -> None:
+    """A ContainerRuntime over the Docker Engine API at one socket. `runtime_name` says whose
+    daemon it is ("docker", or "podman" for Podman's compatible service); `oci_runtime` the
+    OCI runtime each container is created with ("" for the daemon's default; "runsc" for the
+    gVisor isolation class)."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        *,
+        threads: int = 32,
+        runtime_name: str = "docker",
+        isolation: str = "runc",
+        oci_runtime: str = "",
+    ) -> None:
+        self.runtime_name = runtime_name
+        self.isolation = isolation
+        self._oci_runtime = oci_runtime
         self._client = client
         self._api = client.api
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="docker")
@@ -98,8 +103,10 @@ class DockerBackend:
         self.last_down_wall = 0.0
 
     @classmethod
-    def from_env(cls, *, threads: int = 32, docker_host: str | None = None) -> DockerBackend:
-        """The dockerd at `docker_host` (e.g. unix:///run/other.sock), else DOCKER_HOST's."""
+    def from_env(
+        cls, *, threads: int = 32, docker_host: str | None = None, **options: Any
+    ) -> DockerBackend:
+        """The daemon at `docker_host` (e.g. unix:///run/other.sock), else DOCKER_HOST's."""
         try:
             if docker_host:
                 client = docker.DockerClient(
@@ -109,7 +116,7 @@ class DockerBackend:
                 client = docker.from_env(timeout=120, max_pool_size=threads)
         except docker.errors.DockerException as exc:
             raise DockerUnavailable(f"cannot reach dockerd: {exc}") from exc
-        return cls(client, threads=threads)
+        return cls(client, threads=threads, **options)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -129,9 +136,11 @@ class DockerBackend:
             raise DockerUnavailable(self.down_message)
         try:
             return work.result()
-        except docker.errors.DockerException:
-            # Includes APIError/NotFound, which are also OSErrors: callers handle them.
-            raise
+        except docker.errors.DockerException as exc:
+            # The daemon refused (APIError, NotFound): the seam's error, for callers to handle.
+            raise _neutral(exc) from exc
+        except RuntimeApiError:
+            raise  # raised by the call itself (a pull's error row)
         except OSError as exc:
             raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
 
@@ -179,6 +188,18 @@ class DockerBackend:
             raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
         return str(version.get("Version", "unknown"))
 
+    async def product(self) -> str:
+        """Whose API this socket serves: "podman" when the version names Podman's engine (its
+        Docker-compatible service), else "docker"."""
+        version = await self._call(self._api.version)
+        names = [str(c.get("Name", "")) for c in version.get("Components") or []]
+        return "podman" if any("podman" in name.lower() for name in names) else "docker"
+
+    async def oci_runtimes(self) -> list[str]:
+        """The OCI runtimes the daemon can create containers with (`Runtimes` of its info)."""
+        info = await self._call(self._api.info)
+        return sorted(str(name) for name in (info.get("Runtimes") or {}))
+
     async def host_resources(self) -> tuple[int, int]:
         info = await self._call(self._api.info)
         return int(info.get("NCPU", 0)), int(info.get("MemTotal", 0))
@@ -187,21 +208,22 @@ class DockerBackend:
     async def image_present(self, image: str) -> bool:
         return await self.inspect_image(image) is not None
 
-    async def inspect_image(self, image: str) -> dict[str, Any] | None:
+    async def inspect_image(self, image: str) -> ImageRecord | None:
         """Docker's record of an image (Id, Size, RepoTags, ...); None when it is absent."""
         try:
-            return await self._call(self._api.inspect_image, image)
-        except docker.errors.APIError as exc:
-            # Docker's own grammar is the last word: a reference it refuses is the caller's.
+            record: ImageRecord = await self._call(self._api.inspect_image, image)
+        except RuntimeApiError as exc:
+            # The daemon's own grammar is the last word: a reference it refuses is the caller's.
             if "invalid reference format" in str(exc):
                 raise InvalidImageReference(
                     f"malformed image reference {image!r}", image=image
                 ) from None
-            if isinstance(exc, docker.errors.NotFound):
+            if isinstance(exc, RuntimeNotFound):
                 return None
             raise
+        return record
 
-    async def list_images(self) -> list[dict[str, Any]]:
+    async def list_images(self) -> list[ImageRecord]:
         return await self._call(self._api.images)
 
     async def remove_image(self, reference: str) -> None:
@@ -209,11 +231,29 @@ class DockerBackend:
         an image a container still uses, which is the last guard against evicting one."""
         await self._call(self._api.remove_image, reference, force=False, noprune=False)
 
-    def pull_stream(self, repository: str, tag: str | None) -> Any:
-        """Blocking generator of Docker pull progress dicts; iterate it on a worker thread."""
-        return self._api.pull(repository, tag=tag, stream=True, decode=True)
+    async def pull(
+        self, repository: str, tag: str | None, on_progress: Callable[[PullProgress], None]
+    ) -> None:
+        """Pulls through the daemon, calling `on_progress` from the worker thread for each of
+        its progress rows; a row that reports an error fails the pull with its words."""
+
+        def pull() -> None:
+            for row in self._api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in row:
+                    raise RuntimeApiError(str(row.get("error")))
+                detail = row.get("progressDetail") or {}
+                on_progress(
+                    PullProgress(
+                        str(row.get("status", "")),
+                        int(detail.get("current", 0) or 0),
+                        int(detail.get("total", 0) or 0),
+                    )
+                )
+
+        await self._call(pull)
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Any blocking call on the backend's pool, under its down-gate."""
         return await self._call(fn, *args)
 
     async def tag_image(self, source: str, repository: str, tag: str | None) -> None:
@@ -222,6 +262,7 @@ class DockerBackend:
     # -- containers -----------------------------------------------------------------------
     async def create_and_start(self, spec: ContainerSpec) -> str:
         host_config = self._api.create_host_config(
+            runtime=self._oci_runtime or None,
             init=True,
             network_mode=spec.network,
             security_opt=["no-new-privileges"],
@@ -247,7 +288,7 @@ class DockerBackend:
                 volumes=[inside for _, inside in (*spec.binds, *spec.ro_binds)],
                 detach=True,
             )
-        except docker.errors.ImageNotFound as exc:
+        except RuntimeNotFound as exc:
             raise ImageNotPresent(
                 f"image {spec.image!r} is not present on this node (swerl never pulls implicitly;"
                 " use EnsureImages)",
@@ -265,9 +306,9 @@ class DockerBackend:
         """Force-removes a container; False if it did not exist."""
         try:
             await self._call(self._api.remove_container, container_id, force=True, v=True)
-        except docker.errors.NotFound:
+        except RuntimeNotFound:
             return False
-        except docker.errors.APIError as exc:
+        except RuntimeApiError as exc:
             # Removal already in progress counts as gone-soon; anything else is real.
             if "removal of container" in str(exc) and "already in progress" in str(exc):
                 return True
@@ -296,7 +337,7 @@ class DockerBackend:
         """What Docker says of the container now; None when it does not exist."""
         try:
             data = await self._call(self._api.inspect_container, container_id)
-        except docker.errors.NotFound:
+        except RuntimeNotFound:
             return None
         state = data.get("State") or {}
         return ContainerState(
@@ -335,8 +376,8 @@ class DockerBackend:
         started, else why Docker refused."""
         try:
             await self._call(self._api.start, container_id)
-        except docker.errors.APIError as exc:
-            return str(exc.explanation or exc)
+        except RuntimeApiError as exc:
+            return exc.explanation
         return ""
 
     # -- exec -----------------------------------------------------------------------------
@@ -354,9 +395,9 @@ class DockerBackend:
 
         try:
             return await self._call(start)
-        except docker.errors.APIError as exc:
+        except RuntimeApiError as exc:
             if any(sign in str(exc) for sign in _NOT_RUNNING):
-                raise ContainerNotRunning(str(exc.explanation or exc)) from exc
+                raise ContainerNotRunning(exc.explanation) from exc
             raise
 
     async def exec_running(self, exec_id: str) -> bool:
@@ -364,7 +405,7 @@ class DockerBackend:
         with its container or on its own)."""
         try:
             state = await self._call(self._api.exec_inspect, exec_id)
-        except docker.errors.NotFound:
+        except RuntimeNotFound:
             return False  # its container was removed
         return bool(state.get("Running"))
 
@@ -403,7 +444,7 @@ class DockerBackend:
         history = await self._call(self._api.history, image)
         return int(history[0].get("Size", 0) or 0) if history else 0
 
-    async def list_labelled_images(self, label_filters: dict[str, str]) -> list[dict[str, Any]]:
+    async def list_labelled_images(self, label_filters: dict[str, str]) -> list[ImageRecord]:
         filters = {"label": [f"{k}={v}" if v else k for k, v in label_filters.items()]}
         return await self._call(self._api.images, filters=filters)
 
@@ -411,9 +452,9 @@ class DockerBackend:
         """Removes an unused image: True once it is gone, False while a container uses it."""
         try:
             await self._call(self._api.remove_image, image, force=False, noprune=False)
-        except docker.errors.NotFound:
+        except RuntimeNotFound:
             return True
-        except docker.errors.APIError as exc:
+        except RuntimeApiError as exc:
             if exc.status_code == 409:  # a container (perhaps being removed) still uses it
                 return False
             raise

@@ -1,6 +1,6 @@
 """dockerd's health as this exec node sees it: one ping per interval, and who hears of a change.
 
-`DockerHealth.probe` asks dockerd once (`DockerBackend.ping`, bounded by
+`DockerHealth.probe` asks dockerd once (`ContainerRuntime.ping`, bounded by
 `ExecSettings.docker_ping_timeout_s`: a hung dockerd is a failed ping, not a wait) and records the
 answer; `run` does that forever, `ExecSettings.docker_health_interval_s` apart. A change from
 healthy to unhealthy or back is logged, handed to the backend (`mark_down` fails every Docker call
@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import structlog
 
-from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.errors import DockerUnavailable
+from swerl.exec.runtime import ContainerRuntime
 
 log = structlog.get_logger(__name__)
 
@@ -28,7 +28,7 @@ class DockerHealth:
 
     def __init__(
         self,
-        backend: DockerBackend,
+        backend: ContainerRuntime,
         interval_s: float,
         on_change: Callable[[bool], None] | None = None,
         ping_timeout_s: float | None = None,

@@ -39,14 +39,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import docker.errors
 import structlog
 import tenacity
 
 from swerl.chassis.images import image_key
 from swerl.exec import metrics
-from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.errors import DockerUnavailable
+from swerl.exec.runtime import ContainerRuntime, PullProgress, RuntimeApiError
 from swerl.exec.settings import ExecSettings
 from swerl.exec.store import NodeStore
 
@@ -74,13 +73,6 @@ _MANIFEST_TYPES = ", ".join(
     ]
 )
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), "amd64")
-
-
-@dataclass(frozen=True)
-class PullProgress:
-    status: str  # Docker's status line, e.g. "Downloading"
-    current_bytes: int = 0
-    total_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -254,7 +246,7 @@ class ImageCache:
     def __init__(
         self,
         settings: ExecSettings,
-        backend: DockerBackend,
+        backend: ContainerRuntime,
         store: NodeStore,
         in_use: Callable[[], Iterable[str]],
     ) -> None:
@@ -395,7 +387,7 @@ class ImageCache:
         if self.budget:
             self._reserved.pop(image, None)
             if size > self.budget:
-                with contextlib.suppress(docker.errors.APIError):
+                with contextlib.suppress(RuntimeApiError):
                     await self._remove(info["Id"], _tags({"RepoTags": info.get("RepoTags")}))
                 self.store.forget_image(info["Id"])
                 return EnsureOutcome(
@@ -410,7 +402,7 @@ class ImageCache:
                 if not await self._make_room(0, evicted, protect={info["Id"]}):
                     # The estimate let the pull start, its real size does not fit, and what
                     # else is cached is in use: the budget wins over the image just pulled.
-                    with contextlib.suppress(docker.errors.APIError):
+                    with contextlib.suppress(RuntimeApiError):
                         await self._remove(info["Id"], _tags({"RepoTags": info.get("RepoTags")}))
                     self.store.forget_image(info["Id"])
                     return self._cache_full(image, evicted)
@@ -449,24 +441,15 @@ class ImageCache:
             for listener in list(pull.listeners if pull else ()):
                 listener(progress)
 
-        def pull() -> None:
-            for row in self.backend.pull_stream(repository, tag):
-                if "error" in row:
-                    raise docker.errors.APIError(str(row.get("error")))
-                detail = row.get("progressDetail") or {}
-                progress = PullProgress(
-                    str(row.get("status", "")),
-                    int(detail.get("current", 0) or 0),
-                    int(detail.get("total", 0) or 0),
-                )
-                loop.call_soon_threadsafe(broadcast, progress)
+        def progressed(progress: PullProgress) -> None:  # on the runtime's worker thread
+            loop.call_soon_threadsafe(broadcast, progress)
 
         try:
-            await self.backend.run_blocking(pull)
+            await self.backend.pull(repository, tag, progressed)
             if source != image:
                 target_repo, target_tag = split_reference(image)
                 await self.backend.tag_image(source, target_repo, target_tag)
-        except docker.errors.DockerException as exc:
+        except RuntimeApiError as exc:
             text = str(exc)
             failure = PullFailure(classify_pull_error(text), text[-1000:])
             metrics.IMAGE_PULL_ATTEMPT_FAILURES.labels(failure.reason).inc()
@@ -505,7 +488,7 @@ class ImageCache:
             name = (_tags(row) or [row["Id"]])[0]
             try:
                 await self._remove(row["Id"], _tags(row))
-            except docker.errors.APIError as exc:
+            except RuntimeApiError as exc:
                 # A container outside swerl's view still uses it (Docker's 409): keep it.
                 log.warning("image.evict_refused", image=name, error=str(exc)[-300:])
                 continue

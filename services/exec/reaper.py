@@ -21,8 +21,8 @@ from typing import Protocol
 
 import structlog
 
-from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.labels import LABEL_PREFIX
+from swerl.exec.runtime import ContainerRuntime
 from swerl.exec.settings import ExecSettings
 
 log = structlog.get_logger(__name__)
@@ -43,7 +43,7 @@ class SandboxReaper:
     def __init__(
         self,
         settings: ExecSettings,
-        backend: DockerBackend,
+        backend: ContainerRuntime,
         records: Callable[[], Iterable[ReapedRecord]],
         destroy: Callable[[str], Awaitable[bool]],
     ) -> None:

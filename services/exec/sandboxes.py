@@ -27,13 +27,13 @@ from swerl.chassis.capability import check as check_capability
 from swerl.exec.bundles import BUNDLE_MOUNT
 from swerl.exec.commands import check_command, with_node_defaults
 from swerl.exec.diff import DiffResult, git_diff
-from swerl.exec.docker_backend import ContainerSpec, DockerBackend
 from swerl.exec.errors import ImageNotPresent, InvalidSandboxSpec, NodeAtCapacity, SandboxNotFound
 from swerl.exec.health import DockerHealth
 from swerl.exec.image_ensure import ImageEvent, ensure_images, validate_image_reference
 from swerl.exec.images import CachedImage, ImageCache
 from swerl.exec.labels import ENV_LABEL, LABEL_PREFIX, USER_LABEL
 from swerl.exec.reaper import SandboxReaper
+from swerl.exec.runtime import ContainerRuntime, ContainerSpec
 from swerl.exec.settings import ExecSettings
 from swerl.exec.shell import CONTAINER_IO_DIR, CommandRun, CommandSpec, SandboxShell, ensure_io_dir
 from swerl.exec.store import NodeStore, StoredSandbox
@@ -120,7 +120,7 @@ class SandboxManager:
     def __init__(
         self,
         settings: ExecSettings,
-        backend: DockerBackend,
+        backend: ContainerRuntime,
         store: NodeStore,
         *,
         on_docker_health: Callable[[bool], None] | None = None,

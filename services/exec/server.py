@@ -1,4 +1,4 @@
-"""Assembles the exec node: Docker backend, durable store, sandbox manager, gRPC server."""
+"""Assembles the exec node: its container runtime, durable store, sandbox manager, gRPC server."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import grpc
 
 from swerl.chassis.server import GrpcServer, ServiceHost
 from swerl.exec.bundles import HarnessBundles
-from swerl.exec.docker_backend import DockerBackend
 from swerl.exec.evaluate import Evaluator
 from swerl.exec.evaluate_servicer import EvaluateServicer
 from swerl.exec.forks import CheckpointStore, ForkManager
 from swerl.exec.harness_host import HarnessHost
 from swerl.exec.pool_registration import register_with_pool
+from swerl.exec.runtimes import check_runtime, open_runtime
 from swerl.exec.sandboxes import SandboxManager
 from swerl.exec.servicer import SandboxServicer
 from swerl.exec.settings import ExecSettings
@@ -34,9 +34,7 @@ class ExecNode(ServiceHost):
 
     def __init__(self, settings: ExecSettings) -> None:
         self.settings = settings
-        self.backend = DockerBackend.from_env(
-            threads=settings.docker_threads, docker_host=settings.docker_host
-        )
+        self.backend = open_runtime(settings)
         self.store = NodeStore(settings.state_dir / f"{settings.node_id}.sqlite")
         self.server = GrpcServer(settings, name="exec")
         self.manager = SandboxManager(
@@ -69,6 +67,7 @@ class ExecNode(ServiceHost):
         self._health_task = asyncio.get_running_loop().create_task(self.server.set_serving(healthy))
 
     async def start(self) -> int:
+        await check_runtime(self.backend, self.settings)
         await self.manager.start()
         await self.forks.start()
         self.port = await self.server.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
@@ -86,8 +87,19 @@ class ExecSettings(ServiceSettings):
     )
     docker_host: str | None = Field(
         None,
-        description="dockerd this node drives, e.g. unix:///run/docker-b.sock (default: "
-        "DOCKER_HOST, else the local socket)",
+        description="the runtime's API socket this node drives, e.g. unix:///run/docker-b.sock"
+        " (default: for docker DOCKER_HOST, else the local socket; for podman"
+        " unix:///run/podman/podman.sock)",
+    )
+    runtime: Literal["docker", "podman"] = Field(
+        "docker",
+        description="the container runtime: dockerd, or Podman through its Docker-compatible"
+        " service (`podman system service`; deploy/podman-up.sh starts one)",
+    )
+    isolation: Literal["runc", "gvisor"] = Field(
+        "runc",
+        description="the isolation class of every sandbox: the runtime's default OCI runtime,"
+        " or gVisor (runsc, registered with the runtime as `runsc`; deploy/gvisor-up.sh)",
     )
     image_disk_budget: int = Field(
         0,

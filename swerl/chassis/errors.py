@@ -113,3 +113,11 @@ class Aborted(SwerlError):
 class Internal(SwerlError):
     code = "INTERNAL"
     reason = "INTERNAL"
+
+
+class StartupRefused(FailedPrecondition):
+    """A service will not start: its settings name something this host lacks (a runtime's
+    socket, an isolation class the runtime does not offer). `swerl <service> serve` prints it
+    as one line and exits 2."""
+
+    reason = "STARTUP_REFUSED"

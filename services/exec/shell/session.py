@@ -17,7 +17,6 @@ from typing import Any
 
 import structlog
 
-from swerl.exec.docker_backend import ContainerNotRunning, ContainerState, DockerBackend
 from swerl.exec.errors import (
     DockerUnavailable,
     InvalidCommand,
@@ -28,6 +27,7 @@ from swerl.exec.errors import (
 )
 from swerl.exec.outcome import Exit
 from swerl.exec.output import STDERR, STDOUT
+from swerl.exec.runtime import ContainerNotRunning, ContainerRuntime, ContainerState
 from swerl.exec.shell.run import CommandRun
 from swerl.exec.shell.spec import CommandSpec, Output
 from swerl.exec.shell.supervisor import Supervisor
@@ -58,7 +58,7 @@ class SandboxShell:
     """The command runner of one sandbox: one supervisor, one command at a time."""
 
     def __init__(
-        self, backend: DockerBackend, container_id: str, io_dir: Path, env: Mapping[str, str]
+        self, backend: ContainerRuntime, container_id: str, io_dir: Path, env: Mapping[str, str]
     ) -> None:
         self._backend = backend
         self.container_id = container_id

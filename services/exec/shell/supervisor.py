@@ -20,9 +20,9 @@ from typing import Any
 
 import structlog
 
-from swerl.exec.docker_backend import ContainerNotRunning, DockerBackend
 from swerl.exec.errors import ShellUnavailable
 from swerl.exec.output import STDERR, STDOUT
+from swerl.exec.runtime import ContainerNotRunning, ContainerRuntime
 from swerl.exec.shell.wire import (
     CONTAINER_IO_DIR,
     MarkerScanner,
@@ -84,7 +84,7 @@ async def _close_opens(opens: Mapping[str, asyncio.Future[int]], names: Mapping[
                 os.close(task.result())
 
 
-async def _watch_start(backend: DockerBackend, container_id: str, exec_id: str) -> None:
+async def _watch_start(backend: ContainerRuntime, container_id: str, exec_id: str) -> None:
     """Returns only by raising: once the starting shell's process has ended, ContainerNotRunning
     when its container stopped with it (the shell is started again with the container), else
     EOFError (the shell itself gave up)."""
@@ -154,7 +154,7 @@ class Supervisor:
     @classmethod
     async def start(
         cls,
-        backend: DockerBackend,
+        backend: ContainerRuntime,
         container_id: str,
         io_dir: Path,
         env: Mapping[str, str],

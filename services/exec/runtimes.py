@@ -1,0 +1,87 @@
+"""The node's container runtime, from its settings (`--runtime docker|podman`, `--isolation
+runc|gvisor`, `--docker-host`): the one place that knows which implementation serves which name.
+
+Both runtimes are driven through the Docker Engine API (swerl.exec.docker_backend): dockerd's
+own, and Podman's Docker-compatible service, which carries every call the node makes (labels,
+limits, exec, events, commit, pulls), so one implementation serves both and a difference between
+them is handled where it is, in one method. gVisor is an OCI runtime (`runsc`) the daemon runs
+each sandbox's container with; it must be registered with that daemon.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from swerl.chassis.errors import StartupRefused
+from swerl.exec.docker_backend import DockerBackend
+from swerl.exec.errors import DockerUnavailable
+from swerl.exec.runtime import ContainerRuntime
+from swerl.exec.settings import ExecSettings
+
+# Where each runtime's API listens when the node is given no socket (None: the Docker SDK's own
+# default, DOCKER_HOST or /var/run/docker.sock). Rootful Podman; a rootless node names its own
+# ($XDG_RUNTIME_DIR/podman/podman.sock).
+DEFAULT_SOCKETS: dict[str, str | None] = {
+    "docker": None,
+    "podman": "unix:///run/podman/podman.sock",
+}
+# The OCI runtime each isolation class needs registered with the daemon ("": its default).
+OCI_RUNTIMES = {"runc": "", "gvisor": "runsc"}
+# How each daemon is told to register runsc (for the error that says it is missing).
+_REGISTER_RUNSC = {
+    "docker": 'dockerd\'s daemon.json "runtimes": {"runsc": {"path": "/usr/bin/runsc"}} and a'
+    " SIGHUP (deploy/gvisor-up.sh)",
+    "podman": 'containers.conf [engine.runtimes] runsc = ["/usr/bin/runsc"] (deploy/gvisor-up.sh)',
+}
+
+
+def open_runtime(settings: ExecSettings) -> DockerBackend:
+    """The runtime the settings name, not yet checked against the daemon (`check_runtime`).
+    StartupRefused when a Unix socket it needs is not there."""
+    if settings.runtime not in DEFAULT_SOCKETS:
+        raise StartupRefused(f"unknown runtime {settings.runtime!r}: one of docker, podman")
+    if settings.isolation not in OCI_RUNTIMES:
+        raise StartupRefused(f"unknown isolation {settings.isolation!r}: one of runc, gvisor")
+    socket = settings.docker_host or DEFAULT_SOCKETS[settings.runtime]
+    if socket and socket.startswith("unix://"):
+        path = urlparse(socket).path
+        if not Path(path).exists():
+            hint = (
+                "start `podman system service` (deploy/podman-up.sh) or give --docker-host"
+                if settings.runtime == "podman"
+                else "start dockerd (deploy/docker-up.sh) or give --docker-host"
+            )
+            raise StartupRefused(f"runtime {settings.runtime}: no API socket at {path}: {hint}")
+    return DockerBackend.from_env(
+        threads=settings.docker_threads,
+        docker_host=socket,
+        runtime_name=settings.runtime,
+        isolation=settings.isolation,
+        oci_runtime=OCI_RUNTIMES[settings.isolation],
+    )
+
+
+async def check_runtime(runtime: ContainerRuntime, settings: ExecSettings) -> None:
+    """At the node's start: the daemon answers and is the runtime the settings name, and offers
+    the isolation class's OCI runtime. StartupRefused otherwise, naming what to do."""
+    try:
+        product = await runtime.product()
+        offered = await runtime.oci_runtimes()
+    except DockerUnavailable:
+        # A daemon that does not answer yet is the health watch's (the node starts NOT_SERVING
+        # and serves once it answers); what it is gets checked only when it can be asked.
+        return
+    if product != settings.runtime:
+        raise StartupRefused(
+            f"runtime {settings.runtime} was asked for, but the API at"
+            f" {settings.docker_host or DEFAULT_SOCKETS[settings.runtime] or 'DOCKER_HOST'}"
+            f" is {product}'s: give --runtime {product} or the other socket"
+        )
+    need = OCI_RUNTIMES[settings.isolation]
+    if need and need not in offered:
+        raise StartupRefused(
+            f"isolation {settings.isolation} needs the OCI runtime {need!r}, which"
+            f" {settings.runtime} does not offer (it has: {', '.join(sorted(offered)) or 'none'}):"
+            f" install runsc and register it, {_REGISTER_RUNSC[settings.runtime]}"
+        )
