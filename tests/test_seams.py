@@ -184,3 +184,37 @@ def test_importing_the_pool_client_loads_no_hand_written_module_of_the_exec_node
     for init in (NODE_PACKAGE, NODE_CONTRACT):
         tree = ast.parse(found[init].read_text())
         assert not imported(tree, init), f"{found[init]} imports something"
+
+
+# The exec node's runtime seam (issue 38): the runtime's SDK and its implementation are named by
+# the implementation and by the factory that picks it, and nowhere else in the node.
+RUNTIME_IMPLEMENTATION = "swerl.exec.docker_backend"
+RUNTIME_FACTORY = "swerl.exec.runtimes"
+
+
+def test_inside_the_exec_node_only_the_runtime_implementation_imports_the_docker_sdk():
+    offenders = {}
+    for name, path in modules().items():
+        if not name.startswith(NODE_PACKAGE + ".") or name == RUNTIME_IMPLEMENTATION:
+            continue
+        names = imported(ast.parse(path.read_text()), _package_of(name, path))
+        sdk = sorted(n for n in names if n == "docker" or n.startswith("docker."))
+        if sdk:
+            offenders[name] = sdk
+    assert offenders == {}
+
+
+def test_the_node_names_its_runtime_implementation_only_in_the_factory():
+    offenders = {}
+    for name, path in modules().items():
+        if not name.startswith(NODE_PACKAGE + ".") or name in (
+            RUNTIME_IMPLEMENTATION,
+            RUNTIME_FACTORY,
+        ):
+            continue
+        names = imported(ast.parse(path.read_text()), _package_of(name, path))
+        if any(
+            n == RUNTIME_IMPLEMENTATION or n.startswith(RUNTIME_IMPLEMENTATION + ".") for n in names
+        ):
+            offenders[name] = path
+    assert offenders == {}
