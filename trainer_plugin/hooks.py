@@ -437,8 +437,10 @@ _context_checked: dict[int, weakref.ref[Any]] = {}
 
 
 def check_context_budget(args: Any, settings: PluginSettings) -> None:
-    """Once per run (per args object): says so when the episodes' context budget is larger
-    than the policy engine's context length (refusals.context_budget_note)."""
+    """Once per run (per args object): refuses `--sglang-allow-auto-truncate` with a budget over
+    the engine's context (refusals.auto_truncate_refusal), and says so when the episodes'
+    context budget is larger than the policy engine's context length
+    (refusals.context_budget_note)."""
     key = id(args)
     seen = _context_checked.get(key)
     if seen is not None and seen() is args:
@@ -448,7 +450,12 @@ def check_context_budget(args: Any, settings: PluginSettings) -> None:
     except TypeError:  # not weak-referenceable: checked on every call
         pass
     budget = settings.max_context_tokens or int(getattr(args, "rollout_max_context_len", 0) or 0)
-    note = refusals.context_budget_note(budget, refusals.engine_context_length(args))
+    engine = refusals.engine_context_length(args)
+    refused = refusals.auto_truncate_refusal(args, budget, engine)
+    if refused is not None:
+        _context_checked.pop(key, None)  # refused on every call, not only the first
+        raise PluginConfigError(refused)
+    note = refusals.context_budget_note(budget, engine)
     if note is not None:
         _log.warning("context_budget.over_engine", detail=note)
 

@@ -17,6 +17,17 @@ Each refusal is one line naming the flags. The facts (slime 624b824a, miles 31f1
   (rollout_data_conversion.py:54-72), so no call may return one there.
 - miles' `--use-rollout-indexer-replay` needs `Sample.rollout_indexer_topk`, which swerl's
   agent does not return.
+- `--group-rm` scores each finished group with a reward model and writes `sample.reward` over
+  swerl's verdict (slime rollout/sglang_rollout.py:330-334; miles rollout/sglang_rollout.py
+  :384-388), or asserts it is still None (miles rollout/rm_hub/__init__.py:97-101, which the
+  inference rollout's group path calls): refused (issue 41 point 9).
+- `--reward-key` / `--eval-reward-key` index `sample.reward` by the key (slime
+  utils/types.py:247 and rollout/sglang_rollout.py:617-620; miles utils/types.py:178 and
+  rollout/sglang_rollout.py:663-666): swerl's reward is one float, so that indexing raises.
+- `--sglang-allow-auto-truncate` makes SGLang cut a prompt over its context length (or its KV
+  pool's size) instead of refusing it (sglang 0.5.23 srt/managers/utils.py:272-280): with an
+  episode budget above the engine's context, the engine samples on a prompt swerl did not record,
+  silently (issue 41 point 8; `auto_truncate_refusal`).
 
 Where lists are refused, a whole trajectory whose context was trimmed (several chains) gives
 its last chain alone (`lists_allowed`): the earlier chains are not trained on, never mixed in.
@@ -44,6 +55,20 @@ def _dynamic_gbs_flag(args: Any) -> str | None:
 
 def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | None:
     """Why the run's flags cannot take the plugin's samples (None: they can)."""
+    if _on(args, "group_rm"):
+        return (
+            "--group-rm is not supported: swerl's reward is the task's tests' verdict, set on "
+            f"each sample by the plugin, and {framework_name}'s group reward model would "
+            "overwrite it (or assert it unset); turn the flag off"
+        )
+    for name in ("reward_key", "eval_reward_key"):
+        key = getattr(args, name, None)
+        if key:
+            return (
+                f"--{name.replace('_', '-')} {key} is not supported: swerl's reward is one "
+                f"float per sample (the tests' verdict), which {framework_name} would index by "
+                "that key; leave it unset"
+            )
     if framework_name == "miles" and _on(args, "use_rollout_indexer_replay"):
         return (
             "--use-rollout-indexer-replay is not supported: swerl's agent returns no indexer "
@@ -105,6 +130,28 @@ def engine_context_length(args: Any) -> int | None:
     except (OSError, ValueError):
         return None
     return int(found) if isinstance(found, int) and found > 0 else None
+
+
+def auto_truncate_refusal(args: Any, budget: int, engine: int | None) -> str | None:
+    """Why `--sglang-allow-auto-truncate` cannot run with this budget (None: it can): the engine
+    would cut every prompt past its context length instead of refusing it, so the tokens it
+    samples on would not be the ones the episode recorded. With a budget within the engine's
+    context the episodes never send such a prompt."""
+    if not _on(args, "sglang_allow_auto_truncate") or not budget:
+        return None
+    if engine is not None and budget <= engine:
+        return None
+    if engine:
+        over, fix = f"over its context length ({engine} tokens)", "lower the budget to it"
+    else:
+        over = "and the engine's context length unknown"
+        fix = "name it with --sglang-context-length"
+    return (
+        f"--sglang-allow-auto-truncate with an episode context budget of {budget} tokens (swerl"
+        f" max_context_tokens or --rollout-max-context-len) {over}: SGLang would cut longer"
+        " prompts silently and sample on a context the episode did not record; turn the flag"
+        f" off (the engine's refusal ends an episode LIMIT_CONTEXT), or {fix}"
+    )
 
 
 def context_budget_note(budget: int, engine: int | None) -> str | None:

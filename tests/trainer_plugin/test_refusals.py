@@ -16,12 +16,28 @@ from swerl.trainer_plugin.replay import TopPReplayError
 pytestmark = pytest.mark.usefixtures("fw")
 
 # (framework flags, plugin settings, the flags the one-line refusal must name), per framework.
+# Issue 41 point 9, in both frameworks: swerl's reward is one float set by the plugin.
+REWARD_CASES: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
+    ({"group_rm": True}, {}, ["--group-rm"]),
+    ({"reward_key": "score"}, {}, ["--reward-key score"]),
+    ({"eval_reward_key": "accuracy"}, {}, ["--eval-reward-key accuracy"]),
+    # Issue 41 point 8: the budget (16384, make_args' --rollout-max-context-len) over the
+    # engine's context length.
+    (
+        {"sglang_allow_auto_truncate": True, "sglang_context_length": 8192},
+        {},
+        ["--sglang-allow-auto-truncate", "16384", "8192"],
+    ),
+    ({"sglang_allow_auto_truncate": True}, {}, ["--sglang-allow-auto-truncate", "unknown"]),
+]
 CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], list[str]]]] = {
     "slime": [
+        *REWARD_CASES,
         ({"partial_rollout": True}, {"dynamic_history": True}, ["--partial-rollout"]),
         ({"log_passrate": True}, {"dynamic_history": True}, ["--log-passrate"]),
     ],
     "miles": [
+        *REWARD_CASES,
         ({"partial_rollout": True}, {"dynamic_history": True}, ["--partial-rollout"]),
         (
             {"recompute_logprobs_via_prefill": True},
