@@ -29,6 +29,12 @@ Each refusal is one line naming the flags. The facts (slime 624b824a, miles 31f1
   episode budget above the engine's context, the engine samples on a prompt swerl did not record,
   silently (issue 41 point 8; `auto_truncate_refusal`).
 
+- Without `--use-dynamic-batch-size`, each train step's micro-batches must number a multiple
+  of dp x the micro-batch group (slime utils/dp_schedule.py:125 and :169-185; miles
+  utils/dp_schedule.py:47 and :124-132 raise otherwise): a list of samples per episode makes a
+  step's sample count vary, so at a data-parallel size over 1 dynamic history is refused and
+  chains are not returned as lists (issue 41 point 4; `static_alignment`).
+
 Where lists are refused, a whole trajectory whose context was trimmed (several chains) gives
 its last chain alone (`lists_allowed`): the earlier chains are not trained on, never mixed in.
 """
@@ -51,6 +57,29 @@ def _dynamic_gbs_flag(args: Any) -> str | None:
     if _on(args, "use_dynamic_global_batch_size"):
         return "--use-dynamic-global-batch-size"
     return None
+
+
+def _size(args: Any, name: str, default: int = 1) -> int:
+    value = getattr(args, name, None)
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
+def static_alignment(args: Any) -> int:
+    """What each train step's micro-batch count must be a multiple of under the frameworks'
+    static micro-batches: the data-parallel size (the actor's GPUs over tensor x pipeline x
+    context parallelism, as Megatron's data-parallel group without context parallelism), times
+    the micro-batch group per virtual pipeline stage when there is more than one (Megatron's
+    default group is the pipeline size). 1 with `--use-dynamic-batch-size`, whose bins the
+    frameworks split to fit."""
+    if _on(args, "use_dynamic_batch_size"):
+        return 1
+    world = _size(args, "actor_num_nodes") * _size(args, "actor_num_gpus_per_node")
+    pipeline = _size(args, "pipeline_model_parallel_size")
+    model = _size(args, "tensor_model_parallel_size") * pipeline
+    dp = max(world // (model * _size(args, "context_parallel_size")), 1)
+    if _size(args, "virtual_pipeline_model_parallel_size") > 1:
+        return dp * _size(args, "microbatch_group_size_per_vp_stage", pipeline)
+    return dp
 
 
 def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | None:
@@ -77,6 +106,15 @@ def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | N
     if not dynamic_history:
         return None
     flag = "swerl_dynamic_history"
+    align = static_alignment(args)
+    if align > 1:
+        return (
+            f"{flag} without --use-dynamic-batch-size at a data-parallel size x micro-batch group"
+            f" of {align}: one sample per turn gives each train step a sample count that"
+            f" {framework_name}'s static micro-batches cannot split into a multiple of {align}"
+            " (its dp_schedule raises at the train step); add --use-dynamic-batch-size (with"
+            " --max-tokens-per-gpu) or turn dynamic history off"
+        )
     if _on(args, "partial_rollout"):
         return (
             f"--partial-rollout with {flag}: partial rollout reads .response of each group "
@@ -105,7 +143,7 @@ def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | N
 
 def lists_allowed(args: Any, framework_name: str) -> bool:
     """Whether a whole-trajectory call may return its chains as a list of samples."""
-    if _on(args, "partial_rollout"):
+    if _on(args, "partial_rollout") or static_alignment(args) > 1:
         return False
     if framework_name == "slime":
         path = str(getattr(args, "rollout_function_path", "") or "")

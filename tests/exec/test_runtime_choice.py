@@ -63,16 +63,14 @@ def test_podman_without_its_socket_is_refused_naming_how_to_start_it(tmp_path: P
 
 def test_open_runtime_refuses_a_missing_docker_socket(tmp_path: Path) -> None:
     settings = node_settings(tmp_path, docker_host=f"unix://{tmp_path}/docker.sock")
-    with pytest.raises(StartupRefused, match="no API socket at .*start dockerd") as refused:
+    with pytest.raises(StartupRefused, match=r"no API socket at .*start dockerd") as refused:
         open_runtime(settings)
     assert refused.value.reason == "STARTUP_REFUSED"
 
 
 @pytest.mark.docker
 async def test_podman_asked_of_a_dockerd_socket_is_refused(tmp_path: Path) -> None:
-    settings = node_settings(
-        tmp_path, runtime="podman", docker_host="unix:///var/run/docker.sock"
-    )
+    settings = node_settings(tmp_path, runtime="podman", docker_host="unix:///var/run/docker.sock")
     runtime = open_runtime(settings)
     try:
         with pytest.raises(StartupRefused) as refused:

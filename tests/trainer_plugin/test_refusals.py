@@ -29,6 +29,23 @@ REWARD_CASES: list[tuple[dict[str, Any], dict[str, Any], list[str]]] = [
         ["--sglang-allow-auto-truncate", "16384", "8192"],
     ),
     ({"sglang_allow_auto_truncate": True}, {}, ["--sglang-allow-auto-truncate", "unknown"]),
+    # Issue 41 point 4: static micro-batches at dp 4 (4 GPUs, no model parallelism), and at dp 2
+    # x a micro-batch group of 2 (8 GPUs, pipeline 2 with virtual stages).
+    (
+        {"actor_num_gpus_per_node": 4},
+        {"dynamic_history": True},
+        ["--use-dynamic-batch-size", "of 4"],
+    ),
+    (
+        {
+            "actor_num_gpus_per_node": 8,
+            "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 2,
+            "virtual_pipeline_model_parallel_size": 2,
+        },
+        {"dynamic_history": True},
+        ["--use-dynamic-batch-size", "of 4"],
+    ),
 ]
 CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], list[str]]]] = {
     "slime": [
@@ -202,3 +219,18 @@ async def test_top_p_below_one_against_an_engine_without_top_p_sets_stops_at_the
             await fw.generate(args, make_sample(), params)
     assert "--rollout-top-p" in str(caught.value) and "\n" not in str(caught.value)
     assert len(agent.starts) == 1
+
+
+@pytest.mark.parametrize(("dynamic", "chains"), [(False, 1), (True, 2)])
+async def test_static_micro_batches_at_dp_over_one_take_the_last_chain_alone(
+    fw, sampling_params, dynamic, chains
+):
+    """Issue 41 point 4: without --use-dynamic-batch-size, a step's micro-batch count must be a
+    multiple of dp (slime/miles dp_schedule); a trimmed episode's chains as a list would vary
+    the step's sample count, so the last chain comes alone. With dynamic batches, the list."""
+    async with PlaybackServer(PlaybackAgent(lambda s: Scenario(result=_chains(s)))) as server:
+        args = make_args([server.address])
+        args.actor_num_gpus_per_node, args.use_dynamic_batch_size = 4, dynamic
+        out = await fw.generate(args, make_sample(index=4), sampling_params)
+    samples = fw.check_call_result(out, per_turn=False, chains=chains)
+    assert samples[-1].reward == 1.0
