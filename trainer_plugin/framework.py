@@ -271,6 +271,42 @@ MILES_LORA_ADAPTER_NAME = "miles_lora"
 MILES_SLOT_LORA_PREFIX = "__miles_slot_"
 
 
+# miles multi-LoRA (radixark/miles 31f1ca96): the slot rollout's `/generate` payload names the
+# adapter's rid and prefix-cache key, and is not sent at all once the adapter has left the
+# controller's sampleable set (rollout/sglang_rollout.py:184-198; make_rid and RID_SEPARATOR
+# in utils/multi_lora.py:27,183-184; AdaptersCache in ray/multi_lora/controller.py:24-48).
+ADAPTER_GONE = "ADAPTER_NOT_SAMPLEABLE"
+
+
+@dataclass(frozen=True)
+class AdapterBinding:
+    """PolicyConfig.request_id_prefix and cache_key of a multi-LoRA sample's episode."""
+
+    request_id_prefix: str = ""
+    cache_key: str = ""
+
+
+async def adapter_binding(framework: str, sample: Any) -> AdapterBinding | None:
+    """What every policy call of the sample's episode must carry so miles' multi-LoRA can reach
+    and separate it: the rid prefix its retire and free-slot aborts match (`<adapter>::`), and
+    the prefix-cache key of the adapter's current weights (`<adapter>:v<version>`). An empty
+    binding without multi-LoRA; None when the adapter is no longer sampleable (miles drops the
+    generation: the episode must not start)."""
+    adapter = getattr(sample, "adapter", None)
+    if framework != "miles" or adapter is None:
+        return AdapterBinding()
+    from miles.ray.multi_lora.controller import AdaptersCache
+    from miles.utils.multi_lora import RID_SEPARATOR
+
+    run = await AdaptersCache().get(adapter.name)
+    if run is None:
+        return None
+    return AdapterBinding(
+        request_id_prefix=f"{adapter.name}{RID_SEPARATOR}",
+        cache_key=f"{adapter.name}:v{run.version}",
+    )
+
+
 def lora_path(framework: str, args: Any, sample: Any) -> str:
     """The LoRA adapter miles would name on every `/generate` of this sample ("" = the base
     model), as its own rollout does (rollout/sglang_rollout.py:184-200): the multi-LoRA slot's

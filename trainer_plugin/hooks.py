@@ -194,6 +194,17 @@ async def _run_one_episode(
     its image to the prefetcher, runs the episode (branching at `branch` = (at_turn, count)
     when given) and checks the outcome against what the trainer asked for."""
     settings = call.settings
+    binding = await framework.adapter_binding(call.framework_name, sample)
+    if binding is None:  # miles would not send it: its adapter left the sampleable set
+        outcome = EpisodeOutcome(
+            episode_id=episode_id,
+            address="",
+            failure_reason=framework.ADAPTER_GONE,
+            failure_message=f"adapter {sample.adapter.name!r} is no longer sampleable",
+            cancelled_by="abort",
+        )
+        _log_outcome(outcome)
+        return outcome
     try:
         start = build_start(
             call.args,
@@ -204,6 +215,7 @@ async def _run_one_episode(
             per_turn=call.per_turn,
             evaluation=call.evaluation,
             spec=spec,
+            binding=binding,
         )
     except InstanceError as err:
         outcome = EpisodeOutcome(
@@ -639,6 +651,7 @@ def build_start(
     per_turn: bool,
     evaluation: bool = False,
     spec: ReplaySpec | None = None,
+    binding: framework.AdapterBinding | None = None,
 ) -> agent_pb2.EpisodeStart:
     """The `start` message of one episode. Raises InstanceError for unusable sample metadata
     and PluginConfigError when slime's arguments lack the policy endpoint or tokenizer."""
@@ -657,6 +670,8 @@ def build_start(
             sampling_params=params,
             return_routed_experts=bool(spec and spec.routed_experts),
             lora_path=framework.lora_path(framework.find(settings.framework), args, sample),
+            request_id_prefix=binding.request_id_prefix if binding else "",
+            cache_key=binding.cache_key if binding else "",
         ),
         limits=agent_client.episode_limits(
             max_turns=settings.max_turns,

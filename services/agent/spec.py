@@ -42,6 +42,9 @@ class EpisodeSpec:
     return_routed_experts: bool = False
     # PolicyConfig.lora_path: the adapter every policy call names ("" = the base model).
     lora_path: str = ""
+    # PolicyConfig.request_id_prefix / cache_key: SGLang's `rid` prefix and `extra_key`.
+    request_id_prefix: str = ""
+    cache_key: str = ""
     artifact_dir: str = ""
     skip_evaluation: bool = False
     env: dict[str, str] = field(default_factory=dict)

@@ -366,6 +366,9 @@ class ReplayCall:
     script_key: str | None
     sampling_seed: int | None = None
     lora_path: str | None = None
+    # SGLang's `rid` and `extra_key` as sent (None: not sent).
+    rid: str | None = None
+    extra_key: str | None = None
 
 
 @dataclass
@@ -495,7 +498,12 @@ class ReplayPolicyServer:
         seed = params.get("sampling_seed")
         self.stats.calls.append(
             ReplayCall(
-                headers or {}, key, None if seed is None else int(seed), body.get("lora_path")
+                headers or {},
+                key,
+                None if seed is None else int(seed),
+                body.get("lora_path"),
+                body.get("rid"),
+                body.get("extra_key"),
             )
         )
         script = None if key is None else self.scripts[key]

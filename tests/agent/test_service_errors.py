@@ -94,6 +94,8 @@ async def test_a_stream_without_start_is_invalid_argument(agent) -> None:
         "branch_without_count",
         "branch_at_or_past_max_turns",
         "branch_from_a_chat_api",
+        "rid_prefix_on_vllm",
+        "cache_key_on_a_chat_api",
     ],
 )
 async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -> None:
@@ -123,6 +125,12 @@ async def test_an_incomplete_start_is_invalid_episode_start(agent, field: str) -
     elif field == "branch_from_a_chat_api":
         start.policy.api = pb.POLICY_API_OPENAI_CHAT
         start.options.branch.at_turn, start.options.branch.count = 1, 2
+    elif field == "rid_prefix_on_vllm":  # SGLang's rid (miles multi-LoRA), issue 41 point 1
+        start.policy.api = pb.POLICY_API_VLLM_GENERATE
+        start.policy.request_id_prefix = "team-a::"
+    elif field == "cache_key_on_a_chat_api":
+        start.policy.api = pb.POLICY_API_OPENAI_CHAT
+        start.policy.cache_key = "team-a:v7"
     else:
         start.limits.max_turns = -1
     code, reason = await _refused(stub, [pb.RunEpisodeRequest(start=start)])

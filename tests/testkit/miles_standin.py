@@ -124,6 +124,40 @@ class SingletonMeta(type):
         return cls._instances[cls]
 
 
+@dataclass(frozen=True)
+class AdapterRun:
+    """Stand-in of miles.utils.adapter_config.AdapterRun (utils/adapter_config.py:54-66): the
+    fields the slot rollout reads (name, slot, version)."""
+
+    name: str
+    slot: int
+    version: int = 0
+
+
+# miles.utils.multi_lora.RID_SEPARATOR (utils/multi_lora.py:27).
+RID_SEPARATOR = "::"
+
+
+class AdaptersCache(metaclass=SingletonMeta):
+    """Stand-in of miles.ray.multi_lora.controller.AdaptersCache (ray/multi_lora/controller.py
+    :24-48): the controller's snapshot, whose active and retiring adapters are sampleable. The
+    real one refreshes it from the controller actor every ttl_s; here a test sets `snapshot`."""
+
+    def __init__(self, ttl_s: float = 1.0) -> None:
+        self.ttl_s = ttl_s
+        self.snapshot: dict[str, Any] = {"pending": {}, "active": {}, "retiring": {}, "cleanup": []}
+
+    async def get_snapshot(self) -> dict[str, Any]:
+        return self.snapshot
+
+    async def get_all(self) -> dict[str, AdapterRun]:
+        snapshot = await self.get_snapshot()
+        return {**snapshot["active"], **snapshot["retiring"]}
+
+    async def get(self, adapter_name: str) -> AdapterRun | None:
+        return (await self.get_all()).get(adapter_name)
+
+
 def _sampling_params(args: Any) -> dict[str, Any]:
     # miles builds these without slime's top-p replay request.
     return {
@@ -220,6 +254,10 @@ def install(monkeypatch: Any) -> None:
         "miles.rollout.inference_rollout.inference_rollout_common",
         "miles.rollout.filter_hub",
         "miles.rollout.filter_hub.base_types",
+        "miles.utils.multi_lora",
+        "miles.ray",
+        "miles.ray.multi_lora",
+        "miles.ray.multi_lora.controller",
     )
     modules = {name: types.ModuleType(name) for name in names}
     for name, module in modules.items():
@@ -229,6 +267,8 @@ def install(monkeypatch: Any) -> None:
         else:
             module.__path__ = []
     modules["miles.utils.types"].Sample = Sample
+    modules["miles.utils.multi_lora"].RID_SEPARATOR = RID_SEPARATOR
+    modules["miles.ray.multi_lora.controller"].AdaptersCache = AdaptersCache
     modules["miles.utils.misc"].SingletonMeta = SingletonMeta
     modules["miles.utils.misc"].load_function = load_function
     modules["miles.utils.processing_utils"].load_tokenizer = standin_common.load_tokenizer

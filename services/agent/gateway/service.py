@@ -114,6 +114,8 @@ class Gateway:
             retrying=self._retrying,
             headers={header: session_id} if header else {},
             lora_path=spec.lora_path,
+            request_id_prefix=spec.request_id_prefix,
+            cache_key=spec.cache_key,
             turns=self.store.turns,
         )
 

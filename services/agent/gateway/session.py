@@ -100,6 +100,9 @@ class SessionSpec:
     max_context_tokens: int = 0
     max_new_tokens: int = 0
     lora_path: str = ""
+    # PolicyConfig.request_id_prefix / cache_key (SGLang's `rid` prefix and `extra_key`).
+    request_id_prefix: str = ""
+    cache_key: str = ""
     tool_call_parser: str = ""
     reasoning_parser: str = ""
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)

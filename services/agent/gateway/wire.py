@@ -70,6 +70,12 @@ def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
             "the gateway records tokens: policy.api must be SGLANG_GENERATE or VLLM_GENERATE",
             field="policy.api",
         )
+    for name in ("request_id_prefix", "cache_key"):
+        if getattr(policy, name) and policy.api != pb.POLICY_API_SGLANG_GENERATE:
+            raise InvalidSessionSpec(
+                f"policy.{name} is SGLang's (`rid` prefix / `extra_key`) and needs SGLANG_GENERATE",
+                field=f"policy.{name}",
+            )
     timeout = seconds_of(policy.request_timeout) if policy.HasField("request_timeout") else 0.0
     return SessionSpec(
         endpoint=policy.endpoint,
@@ -80,6 +86,8 @@ def spec_of(request: pb.OpenSessionRequest) -> SessionSpec:
         max_context_tokens=request.max_context_tokens,
         max_new_tokens=request.max_new_tokens,
         lora_path=policy.lora_path,
+        request_id_prefix=policy.request_id_prefix,
+        cache_key=policy.cache_key,
         tool_call_parser=request.tool_call_parser,
         reasoning_parser=request.reasoning_parser,
         template_kwargs=MessageToDict(request.template_kwargs),

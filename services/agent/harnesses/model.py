@@ -56,6 +56,8 @@ def session_spec(spec: EpisodeSpec) -> SessionSpec:
         max_context_tokens=spec.max_context_tokens,
         max_new_tokens=spec.max_new_tokens,
         lora_path=spec.lora_path,
+        request_id_prefix=spec.request_id_prefix,
+        cache_key=spec.cache_key,
         # The agent config's parsers; where it names none the session's defaults apply
         # (swerl.agent.gateway.parsing, their one owner).
         tool_call_parser=config.tool_call_parser,

@@ -216,6 +216,13 @@ class EpisodeRunner:
                 " API returns no routed experts",
                 field="policy.return_routed_experts",
             )
+        for name in ("request_id_prefix", "cache_key"):
+            if getattr(start.policy, name) and api != pb.POLICY_API_SGLANG_GENERATE:
+                raise InvalidEpisodeStart(
+                    f"policy.{name} is SGLang's (`rid` prefix / `extra_key`) and needs"
+                    f" SGLANG_GENERATE, not {pb.PolicyApi.Name(api)[11:]}",
+                    field=f"policy.{name}",
+                )
         opts, limits, d = start.options, start.limits, config.defaults
         if not opts.skip_evaluation and not start.instance.fail_to_pass:
             raise InvalidEpisodeStart(
@@ -303,6 +310,8 @@ class EpisodeRunner:
             dynamic_history=opts.dynamic_history,
             return_routed_experts=start.policy.return_routed_experts,
             lora_path=start.policy.lora_path,
+            request_id_prefix=start.policy.request_id_prefix,
+            cache_key=start.policy.cache_key,
             artifact_dir=opts.artifact_dir,
             skip_evaluation=opts.skip_evaluation,
             env=dict(opts.env),
@@ -356,6 +365,8 @@ class EpisodeRunner:
                     headers=headers,
                     return_routed_experts=spec.return_routed_experts,
                     lora_path=spec.lora_path,
+                    request_id_prefix=spec.request_id_prefix,
+                    cache_key=spec.cache_key,
                 )
             config = spec.config
 

@@ -22,6 +22,7 @@ import functools
 import itertools
 import json
 import sys
+import uuid
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -331,9 +332,13 @@ class SglangPolicy:
         headers: Mapping[str, str] | None = None,
         return_routed_experts: bool = False,
         lora_path: str = "",
+        request_id_prefix: str = "",
+        cache_key: str = "",
         turns: IterationGate | None = None,
     ) -> None:
         self._session = session
+        # PolicyConfig.request_id_prefix: each call's `rid` is it plus a fresh uuid's hex.
+        self._rid_prefix = request_id_prefix
         # Sending a request (a new connection's set-up above all) waits its turn here when many
         # policies share one event loop.
         self._turns = turns
@@ -348,6 +353,8 @@ class SglangPolicy:
         self._extra = ',"return_routed_experts":true' if return_routed_experts else ""
         if lora_path:  # SGLang samples from the base model when a call names no adapter
             self._extra += ',"lora_path":' + json.dumps(lora_path)
+        if cache_key:  # the prefix cache's namespace (PolicyConfig.cache_key)
+            self._extra += ',"extra_key":' + json.dumps(cache_key)
         self._params = dict(sampling_params)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._executor = executor
@@ -389,7 +396,10 @@ class SglangPolicy:
         params = json.dumps(
             {**self._params, "max_new_tokens": max_new_tokens}, separators=(",", ":")
         )
-        tail = f'],"sampling_params":{params},"return_logprob":true{self._extra}}}'
+        rid = ""
+        if self._rid_prefix:
+            rid = ',"rid":' + json.dumps(self._rid_prefix + uuid.uuid4().hex)
+        tail = f'],"sampling_params":{params},"return_logprob":true{self._extra}{rid}}}'
         return b"".join((b'{"input_ids":[', *pieces, tail.encode()))
 
     async def generate(self, input_ids: Sequence[int], max_new_tokens: int) -> Generation:
