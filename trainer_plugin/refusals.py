@@ -35,13 +35,22 @@ Each refusal is one line naming the flags. The facts (slime 624b824a, miles 31f1
   step's sample count vary, so at a data-parallel size over 1 dynamic history is refused and
   chains are not returned as lists (issue 41 point 4; `static_alignment`).
 
+- slime trains a list of samples sharing a `rollout_id` as one rollout only from v0.3.1 on,
+  whose loss divides each rollout's token sum by its own mask total (`rollout_mask_sums`:
+  backends/megatron_utils/data.py, ray/rollout.py). v0.2.2 to v0.3.0 reduce per sample and
+  v0.2.x trims the batch by sample count (v0.2.4 ray/rollout.py:591-602): every list would be
+  over-weighted and the batch's tail dropped. There dynamic history is refused and chains are
+  not returned as lists (issue 41 point 2; `slime_rollout_reducer`).
+
 Where lists are refused, a whole trajectory whose context was trimmed (several chains) gives
 its last chain alone (`lists_allowed`): the earlier chains are not trained on, never mixed in.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +91,35 @@ def static_alignment(args: Any) -> int:
     return dp
 
 
+@functools.lru_cache(maxsize=8)
+def _names_rollout_mask_sums(roots: tuple[str, ...]) -> bool | None:
+    for root in roots:
+        try:
+            source = (Path(root) / "backends" / "megatron_utils" / "data.py").read_text()
+        except OSError:
+            continue
+        return "rollout_mask_sums" in source
+    return None
+
+
+def slime_rollout_reducer() -> bool | None:
+    """Whether the slime in this process reduces the loss per rollout (v0.3.1 and later), read
+    from its own source without importing it (that needs Megatron): its
+    backends/megatron_utils/data.py names `rollout_mask_sums`. None when slime's source is not
+    on disk to read (unknown: nothing is refused)."""
+    module = sys.modules.get("slime")
+    roots = getattr(module, "__path__", None)
+    if roots is None:
+        try:
+            import importlib.util
+
+            spec = importlib.util.find_spec("slime")
+        except (ImportError, ValueError):
+            return None
+        roots = spec.submodule_search_locations if spec else None
+    return _names_rollout_mask_sums(tuple(str(r) for r in roots or ()))
+
+
 def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | None:
     """Why the run's flags cannot take the plugin's samples (None: they can)."""
     if _on(args, "group_rm"):
@@ -106,6 +144,13 @@ def refusal(args: Any, framework_name: str, *, dynamic_history: bool) -> str | N
     if not dynamic_history:
         return None
     flag = "swerl_dynamic_history"
+    if framework_name == "slime" and slime_rollout_reducer() is False:
+        return (
+            f"{flag} needs slime v0.3.1 or later: this slime reduces the loss per sample, not"
+            " per rollout (its megatron_utils/data.py has no rollout_mask_sums), so each"
+            " episode's list of per-turn samples would weigh as many episodes; upgrade slime or"
+            " turn dynamic history off"
+        )
     align = static_alignment(args)
     if align > 1:
         return (
@@ -146,6 +191,8 @@ def lists_allowed(args: Any, framework_name: str) -> bool:
     if _on(args, "partial_rollout") or static_alignment(args) > 1:
         return False
     if framework_name == "slime":
+        if slime_rollout_reducer() is False:
+            return False
         path = str(getattr(args, "rollout_function_path", "") or "")
         return not _on(args, "log_passrate") and "fully_async" not in path
     recompute = _on(args, "recompute_logprobs_via_prefill")

@@ -3,6 +3,8 @@ runs (issue 23, item 5); miles' compact-batch rule (item 4). Upstream facts: ref
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
@@ -234,3 +236,38 @@ async def test_static_micro_batches_at_dp_over_one_take_the_last_chain_alone(
         out = await fw.generate(args, make_sample(index=4), sampling_params)
     samples = fw.check_call_result(out, per_turn=False, chains=chains)
     assert samples[-1].reward == 1.0
+
+
+def _slime_source(root, reducer: bool) -> None:
+    """A slime checkout's megatron_utils/data.py as v0.3.1 (per-rollout denominators) or as
+    v0.2.4 / v0.3.0 (none) has it."""
+    data = root / "backends" / "megatron_utils" / "data.py"
+    data.parent.mkdir(parents=True)
+    name = "rollout_mask_sums" if reducer else "num_steps_per_rollout"
+    data.write_text(f'def log_rollout_data(rollout_data):\n    x = rollout_data.get("{name}")\n')
+
+
+@pytest.mark.parametrize("reducer", [False, True])
+async def test_slime_without_the_per_rollout_reducer_refuses_lists(
+    fw, sampling_params, tmp_path, monkeypatch, reducer
+):
+    """Issue 41 point 2: slime v0.2.2-v0.3.0 reduce the loss per sample (no rollout_mask_sums),
+    so an episode's list would weigh as many episodes: dynamic history is refused in one line,
+    and a trimmed episode gives its last chain alone. From v0.3.1 both go through. Under miles
+    a slime source beside it changes nothing."""
+    _slime_source(tmp_path, reducer)
+    slime = sys.modules.get("slime") or types.ModuleType("slime")
+    monkeypatch.setitem(sys.modules, "slime", slime)
+    monkeypatch.setattr(slime, "__path__", [str(tmp_path)], raising=False)
+    refused = fw.NAME == "slime" and not reducer
+    agent = PlaybackAgent(lambda s: Scenario(result=_chains(s)))
+    async with PlaybackServer(agent) as server:
+        per_turn = make_args([server.address], dynamic_history=True)
+        if refused:
+            with pytest.raises(PluginConfigError, match=r"needs slime v0\.3\.1 or later"):
+                await fw.generate(per_turn, make_sample(index=1), sampling_params)
+        else:
+            await fw.generate(per_turn, make_sample(index=1), sampling_params)
+        whole = make_args([server.address])
+        out = await fw.generate(whole, make_sample(index=4), sampling_params)
+    fw.check_call_result(out, per_turn=False, chains=1 if refused else 2)
