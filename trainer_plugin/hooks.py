@@ -663,7 +663,7 @@ def build_start(
         episode_id=episode_id,
         instance=instance,
         policy=agent_pb2.PolicyConfig(
-            endpoint=policy_endpoint(args, settings),
+            endpoint=policy_endpoint(args, settings, evaluation=evaluation),
             api=agent_pb2.POLICY_API_SGLANG_GENERATE,
             model=settings.policy_model,
             tokenizer_path=tokenizer_path(args, settings),
@@ -730,11 +730,20 @@ def eval_dataset_name(args: Any, sample: Any) -> str:
     return "eval"
 
 
-def policy_endpoint(args: Any, settings: PluginSettings) -> str:
-    if settings.policy_endpoint:
-        return settings.policy_endpoint
+def policy_endpoint(args: Any, settings: PluginSettings, *, evaluation: bool = False) -> str:
+    """The router the episode's policy calls go to: the configured endpoint, else the
+    framework's router from `args`. miles' snapshot evaluation (`--eval-num-gpus` or a
+    checkpoint eval function: `args.eval_uses_snapshots`, miles utils/arguments.py:81) hands
+    each eval call a copy of `args` retargeted at the snapshot's engines
+    (rollout/checkpoint_eval.py:35-47): there the router in `args` wins, or the training
+    router's weights would be evaluated (issue 41 point 7)."""
+    snapshot = evaluation and bool(getattr(args, "eval_uses_snapshots", False))
     ip = getattr(args, "sglang_router_ip", None)
     port = getattr(args, "sglang_router_port", None)
+    if snapshot and ip and port:
+        return f"http://{ip}:{port}"
+    if settings.policy_endpoint:
+        return settings.policy_endpoint
     if not ip or not port:
         raise PluginConfigError(
             "no policy endpoint: slime's sglang_router_ip/port are unset and so is "
