@@ -4,9 +4,10 @@
 #   2. register it with the running dockerd as the runtime "runsc" (/etc/docker/daemon.json,
 #      merged with what is there, then SIGHUP: runtimes are reloadable, dockerd is never
 #      restarted, so the containers and the docker0 bridge other work uses are left alone),
-#   3. register it with podman (a containers.conf drop-in) when podman is installed, and restart
-#      podman's API service if it runs without it (its containers live on: conmon holds them),
-#   4. check that both run the base image on gVisor's kernel ("Starting gVisor..." in dmesg).
+#   3. register it with podman when podman is installed (a containers.conf drop-in), and start a
+#      second podman API service whose default runtime is runsc (the exec node's socket for
+#      gVisor on Podman; printed on the way out),
+#   4. check that each runs the base image on gVisor's kernel ("Starting gVisor..." in dmesg).
 # Idempotent: re-running it on a ready machine does nothing but check.
 #
 # The flags, and why (measured with runsc 0.0~20221219, docs/runtimes-findings.md):
@@ -21,7 +22,10 @@ BASE_IMAGE="${SWERL_BASE_IMAGE:-swerl-base:bookworm}"
 RUNSC="${SWERL_RUNSC:-/usr/bin/runsc}"
 DAEMON_JSON="${SWERL_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}"
 PODMAN_DROPIN="${SWERL_PODMAN_RUNSC_CONF:-/etc/containers/containers.conf.d/50-swerl-runsc.conf}"
-PODMAN_SOCK="${SWERL_PODMAN_SOCK:-/run/podman/podman.sock}"
+PODMAN_SWERL_CONF="${SWERL_PODMAN_CONF:-/etc/containers/containers.conf.d/50-swerl.conf}"
+PODMAN_RUNSC_CONF="${SWERL_PODMAN_RUNSC_SERVICE_CONF:-/etc/swerl/podman-runsc.conf}"
+PODMAN_RUNSC_SOCK="${SWERL_PODMAN_RUNSC_SOCK:-/run/podman/podman-runsc.sock}"
+PODMAN_RUNSC_LOG="${SWERL_PODMAN_RUNSC_LOG:-/tmp/swerl-podman-runsc.log}"
 # dockerd takes the flags as runtimeArgs, podman through a wrapper (podman 4.3 has runtime flags
 # for all runtimes at once, not per runtime). SWERL_RUNSC_DOCKER_FLAGS sets dockerd's apart, for
 # a machine whose dockerd others own (the one the findings were measured on).
@@ -112,6 +116,10 @@ else
 fi
 
 # -- podman -------------------------------------------------------------------------------
+# Podman 4.3's Docker-compatible API ignores a create's HostConfig.Runtime (the container runs on
+# the service's default runtime; inspect says "oci"), so the exec node gets gVisor from a second
+# API service whose default runtime is runsc, on its own socket, over the same storage and
+# images. `podman --runtime runsc` on the command line works too (the drop-in).
 if command -v podman >/dev/null 2>&1; then
   wrapper="$(printf '#!/bin/sh\n# runsc with the flags swerl needs (deploy/gvisor-up.sh).\nexec %s %s "$@"\n' \
     "$RUNSC" "${RUNSC_FLAGS[*]}")"
@@ -119,20 +127,41 @@ if command -v podman >/dev/null 2>&1; then
     printf '%s\n' "$wrapper" | as_root tee "$RUNSC_WRAPPER" >/dev/null
     as_root chmod 755 "$RUNSC_WRAPPER"
   fi
-  dropin="$(printf '# gVisor for swerl (deploy/gvisor-up.sh): `--runtime runsc`.\n[engine.runtimes]\nrunsc = ["%s"]\n' "$RUNSC_WRAPPER")"
+  dropin="$(printf '# gVisor for swerl (deploy/gvisor-up.sh): `podman --runtime runsc`.\n[engine.runtimes]\nrunsc = ["%s"]\n' "$RUNSC_WRAPPER")"
   if [ "$(cat "$PODMAN_DROPIN" 2>/dev/null)" != "$dropin" ]; then
     log "registering runsc with podman ($PODMAN_DROPIN)"
     as_root mkdir -p "$(dirname "$PODMAN_DROPIN")"
     printf '%s\n' "$dropin" | as_root tee "$PODMAN_DROPIN" >/dev/null
-    # The API service read containers.conf when it started: start it again to see runsc.
-    service_pid="$(pgrep -f "podman system service .*unix://$PODMAN_SOCK" || true)"
-    if [ -n "$service_pid" ]; then
-      log "restarting podman's API service (pid $service_pid) to load runsc"
-      as_root kill -TERM $service_pid
-      "$(dirname "$0")/podman-up.sh" >/dev/null
+  fi
+  check_gvisor "podman (CLI)" podman run --rm --label swerl.probe=1 --runtime runsc "$BASE_IMAGE" dmesg
+
+  # CONTAINERS_CONF replaces the system's files and their drop-ins: the service's whole
+  # configuration is this file, rlimits copied from podman-up.sh's drop-in.
+  rlimits="$(grep '^default_ulimits' "$PODMAN_SWERL_CONF" 2>/dev/null || true)"
+  [ -n "$rlimits" ] || { log "no rlimits in $PODMAN_SWERL_CONF: run deploy/podman-up.sh first"; exit 1; }
+  conf="$(printf '# podman with gVisor as its default runtime (deploy/gvisor-up.sh).\n[containers]\n%s\n\n[engine]\nruntime = "runsc"\n\n[engine.runtimes]\nrunsc = ["%s"]\n' \
+    "$rlimits" "$RUNSC_WRAPPER")"
+  service_pid() { pgrep -f "^podman system service --time=0 unix://$PODMAN_RUNSC_SOCK\$" || true; }
+  if [ "$(cat "$PODMAN_RUNSC_CONF" 2>/dev/null)" != "$conf" ]; then
+    as_root mkdir -p "$(dirname "$PODMAN_RUNSC_CONF")"
+    printf '%s\n' "$conf" | as_root tee "$PODMAN_RUNSC_CONF" >/dev/null
+    if [ -n "$(service_pid)" ]; then  # it read the old file when it started
+      as_root kill -TERM $(service_pid)
+      for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
     fi
   fi
-  check_gvisor podman podman run --rm --label swerl.probe=1 --runtime runsc "$BASE_IMAGE" dmesg
+  answers() { podman --url "unix://$PODMAN_RUNSC_SOCK" version >/dev/null 2>&1; }
+  if ! answers; then
+    log "starting podman's gVisor API service on $PODMAN_RUNSC_SOCK (log: $PODMAN_RUNSC_LOG)"
+    as_root mkdir -p "$(dirname "$PODMAN_RUNSC_SOCK")"
+    as_root env CONTAINERS_CONF="$PODMAN_RUNSC_CONF" setsid nohup \
+      podman system service --time=0 "unix://$PODMAN_RUNSC_SOCK" >>"$PODMAN_RUNSC_LOG" 2>&1 </dev/null &
+    for _ in $(seq 1 60); do answers && break; sleep 0.25; done
+    answers || { log "the service did not come up; see $PODMAN_RUNSC_LOG"; exit 1; }
+  fi
+  check_gvisor "podman (API, $PODMAN_RUNSC_SOCK)" podman --url "unix://$PODMAN_RUNSC_SOCK" \
+    run --rm --label swerl.probe=1 "$BASE_IMAGE" dmesg
+  echo "unix://$PODMAN_RUNSC_SOCK"
 else
   log "podman is not installed; skipped (deploy/podman-up.sh installs it)"
 fi

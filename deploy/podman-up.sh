@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the local machine ready to run swerl's sandboxes on Podman (rootful), beside dockerd:
-#   1. install podman (Debian's 4.3) and crun when podman is missing,
+#   1. install podman (Debian's 4.3), crun and catatonit when they are missing,
 #   2. write swerl's containers.conf drop-in: rlimits this machine can grant, and the OCI
 #      runtime its cgroups allow,
 #   3. load the base image from dockerd into podman's storage when it is absent there,
@@ -36,7 +36,11 @@ apt_install() {
   fi
 }
 
-command -v podman >/dev/null 2>&1 && command -v crun >/dev/null 2>&1 || apt_install podman crun
+# catatonit is the init of `init: true` (the node's containers): podman 4.3 looks for it at
+# /usr/libexec/podman/catatonit and refuses the create without it ("container-init binary not
+# found"); Debian's podman only recommends it, and apt may pick tini for the recommendation.
+command -v podman >/dev/null 2>&1 && command -v crun >/dev/null 2>&1 \
+  && [ -x /usr/libexec/podman/catatonit ] || apt_install podman crun catatonit
 log "podman $(podman version --format '{{.Client.Version}}')"
 
 # rlimits. Podman asks the OCI runtime for nofile and nproc of 1048576 unless containers.conf
