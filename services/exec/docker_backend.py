@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
 import docker.errors
 
+from swerl.chassis.images import image_key
 from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageReference
 from swerl.exec.runtime import (
     ContainerInfo,
@@ -53,12 +54,31 @@ T = TypeVar("T")
 # running" (409, the daemon knows it stopped), or, while its init has ended and the daemon has
 # not recorded the stop yet (it still reports the container running), the runtime's "cannot exec
 # in a stopped state" or "error executing setns process" (the namespaces to enter are gone).
-_NOT_RUNNING = ("is not running", "stopped state", "setns process")
+_NOT_RUNNING = ("is not running", "stopped state", "setns process", "container state improper")
+# Podman (4.3) through its Docker-compatible service differs from dockerd in a few answers the
+# node reads (measured: docs/runtimes-findings.md); each is handled in the method that reads it:
+# an exec's inspect says Running until the container ends (`exec_running`), kill events carry
+# no signal and take whole-second bounds (`kill_signal`), a commit drops `conf` labels
+# (`commit`), and its own images are tagged `localhost/<name>` (`_podman_tags`).
+PODMAN = "podman"
+# kill_signal's answer when the runtime logged a kill without naming its signal (Podman).
+UNNAMED_SIGNAL = -1
 
 
 def _drop_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
+
+
+def _alive(pid: int) -> bool:
+    """Whether host process `pid` runs (not gone, not a zombie)."""
+    if pid <= 0:
+        return True  # nothing to ask: taken at the runtime's word
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _neutral(exc: docker.errors.DockerException) -> RuntimeApiError:
@@ -200,6 +220,11 @@ class DockerBackend:
         info = await self._call(self._api.info)
         return sorted(str(name) for name in (info.get("Runtimes") or {}))
 
+    async def default_oci_runtime(self) -> str:
+        """The OCI runtime a create that names none gets (`DefaultRuntime` of its info)."""
+        info = await self._call(self._api.info)
+        return str(info.get("DefaultRuntime") or "")
+
     async def host_resources(self) -> tuple[int, int]:
         info = await self._call(self._api.info)
         return int(info.get("NCPU", 0)), int(info.get("MemTotal", 0))
@@ -207,6 +232,19 @@ class DockerBackend:
     # -- images ---------------------------------------------------------------------------
     async def image_present(self, image: str) -> bool:
         return await self.inspect_image(image) is not None
+
+    def _podman_tags(self, record: ImageRecord) -> ImageRecord:
+        """Podman's listing names its local images `localhost/<name>` (and commits
+        `docker.io/<name>`); the node compares tags as dockerd lists them (swerl.chassis.images
+        .image_key), so they are listed in that form."""
+        if self.runtime_name != PODMAN or not record.get("RepoTags"):
+            return record
+        tags = []
+        for tag in record["RepoTags"]:
+            if tag.startswith("localhost/"):
+                tag = tag[len("localhost/") :]
+            tags.append(image_key(tag))
+        return {**record, "RepoTags": tags}
 
     async def inspect_image(self, image: str) -> ImageRecord | None:
         """Docker's record of an image (Id, Size, RepoTags, ...); None when it is absent."""
@@ -221,10 +259,10 @@ class DockerBackend:
             if isinstance(exc, RuntimeNotFound):
                 return None
             raise
-        return record
+        return self._podman_tags(record)
 
     async def list_images(self) -> list[ImageRecord]:
-        return await self._call(self._api.images)
+        return [self._podman_tags(row) for row in await self._call(self._api.images)]
 
     async def remove_image(self, reference: str) -> None:
         """Removes an image (or one of its tags) without force: Docker refuses (409) to remove
@@ -355,18 +393,25 @@ class DockerBackend:
         a caller that saw the container's processes die may need to ask again
         (SandboxShell.stopped_by_docker does)."""
 
+        podman = self.runtime_name == PODMAN
+
         def last_kill() -> int | None:
+            # Podman answers nothing for fractional bounds: whole seconds around the window.
+            start, until = (int(since), int(time.time()) + 1) if podman else (since, time.time())
             events = self._api.events(
-                since=f"{since:.6f}",
-                until=f"{time.time():.6f}",
+                since=f"{start:.6f}" if not podman else str(start),
+                until=f"{until:.6f}" if not podman else str(until),
                 filters={"container": container_id, "event": "kill"},
                 decode=True,
             )
             signal = None
             for event in events:
                 attributes = (event.get("Actor") or {}).get("Attributes") or {}
-                with contextlib.suppress(TypeError, ValueError):
+                try:
                     signal = int(attributes.get("signal", ""))
+                except (TypeError, ValueError):
+                    # Podman's kill event names no signal: a kill it sent, of a signal unknown.
+                    signal = UNNAMED_SIGNAL if podman else signal
             return signal
 
         return await self._call(last_kill)
@@ -407,6 +452,10 @@ class DockerBackend:
             state = await self._call(self._api.exec_inspect, exec_id)
         except RuntimeNotFound:
             return False  # its container was removed
+        if self.runtime_name == PODMAN:
+            # Podman's inspect says Running until the container ends: the process itself is
+            # asked (a rootful node shares the host's pid namespace with the exec's process).
+            return _alive(int(state.get("Pid") or 0)) if state.get("Running") else False
         return bool(state.get("Running"))
 
     async def exec_run(self, container_id: str, argv: list[str]) -> tuple[int, bytes]:
@@ -429,13 +478,12 @@ class DockerBackend:
         Docker pauses the container for the commit, so the layer is a consistent snapshot; its
         labels are the container's with `labels` on top (Docker merges them, it cannot drop any).
         """
+        if self.runtime_name == PODMAN:  # Podman drops `conf` labels; LABEL changes it keeps
+            options: dict[str, Any] = {"changes": [f"LABEL {k}={v}" for k, v in labels.items()]}
+        else:
+            options = {"conf": {"Labels": labels}}
         created = await self._call(
-            self._api.commit,
-            container_id,
-            repository=repository,
-            tag=tag,
-            pause=True,
-            conf={"Labels": labels},
+            self._api.commit, container_id, repository=repository, tag=tag, pause=True, **options
         )
         return str(created["Id"])
 
@@ -446,7 +494,8 @@ class DockerBackend:
 
     async def list_labelled_images(self, label_filters: dict[str, str]) -> list[ImageRecord]:
         filters = {"label": [f"{k}={v}" if v else k for k, v in label_filters.items()]}
-        return await self._call(self._api.images, filters=filters)
+        rows = await self._call(self._api.images, filters=filters)
+        return [self._podman_tags(row) for row in rows]
 
     async def remove_unused_image(self, image: str) -> bool:
         """Removes an unused image: True once it is gone, False while a container uses it."""

@@ -112,6 +112,10 @@ class ContainerRuntime(Protocol):
         """The OCI runtimes it can create containers with (an isolation class needs its own)."""
         ...
 
+    async def default_oci_runtime(self) -> str:
+        """The OCI runtime of a create that names none."""
+        ...
+
     async def host_resources(self) -> tuple[int, int]:
         """CPUs and memory bytes of the host the runtime runs containers on."""
         ...

@@ -28,6 +28,9 @@ DEFAULT_SOCKETS: dict[str, str | None] = {
 }
 # The OCI runtime each isolation class needs registered with the daemon ("": its default).
 OCI_RUNTIMES = {"runc": "", "gvisor": "runsc"}
+# Podman 4.3's Docker-compatible API ignores the runtime a create names and uses its service's
+# default (docs/runtimes-findings.md): gVisor on Podman is a service whose default is runsc.
+PODMAN_RUNSC_SOCKET = "unix:///run/podman/podman-runsc.sock"
 # How each daemon is told to register runsc (for the error that says it is missing).
 _REGISTER_RUNSC = {
     "docker": 'dockerd\'s daemon.json "runtimes": {"runsc": {"path": "/usr/bin/runsc"}} and a'
@@ -58,7 +61,8 @@ def open_runtime(settings: ExecSettings) -> DockerBackend:
         docker_host=socket,
         runtime_name=settings.runtime,
         isolation=settings.isolation,
-        oci_runtime=OCI_RUNTIMES[settings.isolation],
+        # Podman's service runs its default whatever a create names (check_runtime checks it).
+        oci_runtime="" if settings.runtime == "podman" else OCI_RUNTIMES[settings.isolation],
     )
 
 
@@ -68,6 +72,7 @@ async def check_runtime(runtime: ContainerRuntime, settings: ExecSettings) -> No
     try:
         product = await runtime.product()
         offered = await runtime.oci_runtimes()
+        default = await runtime.default_oci_runtime()
     except DockerUnavailable:
         # A daemon that does not answer yet is the health watch's (the node starts NOT_SERVING
         # and serves once it answers); what it is gets checked only when it can be asked.
@@ -79,6 +84,18 @@ async def check_runtime(runtime: ContainerRuntime, settings: ExecSettings) -> No
             f" is {product}'s: give --runtime {product} or the other socket"
         )
     need = OCI_RUNTIMES[settings.isolation]
+    if settings.runtime == "podman" and (default == "runsc") != (need == "runsc"):
+        where = settings.docker_host or DEFAULT_SOCKETS["podman"]
+        if need:
+            fix = f"point --docker-host at a service whose default is runsc ({PODMAN_RUNSC_SOCKET})"
+        else:
+            plain = DEFAULT_SOCKETS["podman"]
+            fix = f"use --isolation gvisor, or a podman service that runs runc ({plain})"
+        raise StartupRefused(
+            f"isolation {settings.isolation} on podman: the service at {where} runs"
+            f" {default or 'its default'} for every container (Podman's Docker-compatible API"
+            f" ignores the runtime a create names); {fix}"
+        )
     if need and need not in offered:
         raise StartupRefused(
             f"isolation {settings.isolation} needs the OCI runtime {need!r}, which"

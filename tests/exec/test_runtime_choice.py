@@ -86,8 +86,8 @@ async def test_podman_asked_of_a_dockerd_socket_is_refused(tmp_path: Path) -> No
 class _DaemonWithout:
     """Just the two daemon questions check_runtime asks, answered as a dockerd without runsc."""
 
-    def __init__(self, product: str, runtimes: list[str]) -> None:
-        self._product, self._runtimes = product, runtimes
+    def __init__(self, product: str, runtimes: list[str], default: str = "runc") -> None:
+        self._product, self._runtimes, self._default = product, runtimes, default
 
     async def product(self) -> str:
         return self._product
@@ -95,11 +95,14 @@ class _DaemonWithout:
     async def oci_runtimes(self) -> list[str]:
         return self._runtimes
 
+    async def default_oci_runtime(self) -> str:
+        return self._default
 
-@pytest.mark.parametrize("runtime", ["docker", "podman"])
+
 async def test_gvisor_on_a_daemon_without_runsc_is_refused_naming_how_to_register_it(
-    tmp_path: Path, runtime: str
+    tmp_path: Path,
 ) -> None:
+    runtime = "docker"
     settings = node_settings(tmp_path, runtime=runtime, isolation="gvisor")
     daemon = _DaemonWithout(runtime, ["io.containerd.runc.v2", "runc"])
     with pytest.raises(StartupRefused) as refused:
@@ -115,3 +118,32 @@ async def test_gvisor_on_a_daemon_without_runsc_is_refused_naming_how_to_registe
 async def test_runc_needs_no_runtime_of_its_own(tmp_path: Path) -> None:
     settings = node_settings(tmp_path)
     await check_runtime(_DaemonWithout("docker", ["runc"]), settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("isolation", "default", "says"),
+    [
+        (
+            "gvisor",
+            "runc",
+            "a service whose default is runsc (unix:///run/podman/podman-runsc.sock)",
+        ),
+        ("runc", "runsc", "use --isolation gvisor, or a podman service that runs runc"),
+    ],
+)
+async def test_podman_isolation_must_be_its_services_default_runtime(
+    tmp_path: Path, isolation: str, default: str, says: str
+) -> None:
+    """Podman 4.3's compatible API ignores the runtime a create names: the isolation class is
+    the service's default runtime, so a mismatch is refused at start (docs/runtimes-findings)."""
+    settings = node_settings(tmp_path, runtime="podman", isolation=isolation)
+    daemon = _DaemonWithout("podman", ["crun", "runc", "runsc"], default=default)
+    with pytest.raises(StartupRefused) as refused:
+        await check_runtime(daemon, settings)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert message.startswith(f"isolation {isolation} on podman: the service at")
+    assert f"runs {default} for every container" in message and says in message
+    matched = _DaemonWithout(
+        "podman", ["runc", "runsc"], default="runsc" if isolation == "gvisor" else "runc"
+    )
+    await check_runtime(matched, settings)  # type: ignore[arg-type]

@@ -124,8 +124,9 @@ class SandboxShell:
         except Exception:  # an answer Docker could not give: nothing known against the command
             return None
         if signal is not None:
+            named = f"signal {signal}" if signal >= 0 else "a signal it did not name"
             how = (
-                f"Docker stopped the sandbox's container (signal {signal}: `docker stop`, `kill`"
+                f"Docker stopped the sandbox's container ({named}: `docker stop`, `kill`"
                 " or `restart`, or dockerd stopping or restarting)"
             )
         elif self._backend.last_down_wall >= since:
