@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import exec_runtimes
 import grpc
 import psutil
 from benchkit import (
@@ -849,14 +850,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--image", default=DEFAULT_IMAGE, help="sandbox image (must be present)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    parser.add_argument(
+        "--runtime",
+        default="",
+        help="compare the node on these runtimes instead (comma-separated: docker, podman,"
+        " gvisor, podman-gvisor; docker is always measured, as the baseline): exec_runtimes.py",
+    )
     args = parser.parse_args(argv)
+    if args.runtime:
+        try:
+            exec_runtimes.parse_targets(args.runtime)
+        except ValueError as err:
+            parser.error(str(err))
     if args.iterations < 1 or args.docker_iterations < 1 or min(args.sessions) < 1:
         parser.error("iterations and session counts must be positive")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(parse_args(argv), benchmark, "swerl-exec-bench-")
+    args = parse_args(argv)
+    if args.runtime:
+        this = sys.modules[__name__]
+
+        def compare(args: argparse.Namespace, workdir: Path, cleanup: list) -> dict:
+            return exec_runtimes.compare(args, workdir, cleanup, this)
+
+        return run_main(args, compare, "swerl-exec-bench-")
+    return run_main(args, benchmark, "swerl-exec-bench-")
 
 
 if __name__ == "__main__":
