@@ -12,26 +12,9 @@ BASE_IMAGE="${SWERL_BASE_IMAGE:-swerl-base:bookworm}"
 SUITE="${SWERL_BASE_SUITE:-bookworm}"
 DOCKERD_LOG="${SWERL_DOCKERD_LOG:-/tmp/swerl-dockerd.log}"
 
-log() { printf '[docker-up] %s\n' "$*" >&2; }
-
-as_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-
-# apt's own lines (debconf's "delaying package configuration", needrestart's) go to a log, shown
-# when a step fails: scripts/demo prints swerl's lines only.
-APT_LOG="${SWERL_APT_LOG:-/tmp/swerl-apt.log}"
-apt_install() {
-  log "installing Debian packages: $* (log: $APT_LOG)"
-  if ! {
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
-  } >"$APT_LOG" 2>&1; then
-    log "installing $* failed; see $APT_LOG"
-    tail -n 20 "$APT_LOG" >&2
-    exit 1
-  fi
-}
+LOG_TAG=docker-up
+# shellcheck source=deploy/setup-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 if ! command -v dockerd >/dev/null 2>&1; then
   apt_install docker.io

@@ -33,22 +33,9 @@ read -ra RUNSC_FLAGS <<<"${SWERL_RUNSC_FLAGS:---network=none --host-fifo=open}"
 read -ra DOCKER_RUNSC_FLAGS <<<"${SWERL_RUNSC_DOCKER_FLAGS:-${RUNSC_FLAGS[*]}}"
 RUNSC_WRAPPER=/usr/local/bin/runsc-swerl
 
-log() { printf '[gvisor-up] %s\n' "$*" >&2; }
-as_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-APT_LOG="${SWERL_APT_LOG:-/tmp/swerl-apt.log}"
-apt_install() {
-  log "installing Debian packages: $* (log: $APT_LOG)"
-  if ! {
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
-  } >"$APT_LOG" 2>&1; then
-    log "installing $* failed; see $APT_LOG"
-    tail -n 20 "$APT_LOG" >&2
-    exit 1
-  fi
-}
+LOG_TAG=gvisor-up
+# shellcheck source=deploy/setup-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 [ -x "$RUNSC" ] || apt_install runsc
 log "runsc: $("$RUNSC" --version | head -n 1)"

@@ -19,22 +19,9 @@ PODMAN_SOCK="${SWERL_PODMAN_SOCK:-/run/podman/podman.sock}"
 PODMAN_LOG="${SWERL_PODMAN_LOG:-/tmp/swerl-podman.log}"
 DROPIN="${SWERL_PODMAN_CONF:-/etc/containers/containers.conf.d/50-swerl.conf}"
 
-log() { printf '[podman-up] %s\n' "$*" >&2; }
-as_root() {
-  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
-}
-APT_LOG="${SWERL_APT_LOG:-/tmp/swerl-apt.log}"
-apt_install() {
-  log "installing Debian packages: $* (log: $APT_LOG)"
-  if ! {
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
-      && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
-  } >"$APT_LOG" 2>&1; then
-    log "installing $* failed; see $APT_LOG"
-    tail -n 20 "$APT_LOG" >&2
-    exit 1
-  fi
-}
+LOG_TAG=podman-up
+# shellcheck source=deploy/setup-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/setup-lib.sh"
 
 # catatonit is the init of `init: true` (the node's containers): podman 4.3 looks for it at
 # /usr/libexec/podman/catatonit and refuses the create without it ("container-init binary not

@@ -36,10 +36,10 @@ def _tool(folder: Path, name: str, body: str) -> None:
 
 
 def _machine(tmp_path: Path, *, pip_fails: bool = False) -> tuple[Path, dict[str, str]]:
-    """A checkout with the real scripts/demo and deploy/docker-up.sh, and a PATH on which Docker
-    is missing until the stand-in apt-get installs it."""
+    """A checkout with the real scripts/demo and deploy/docker-up.sh (and the set-up library it
+    sources), and a PATH on which Docker is missing until the stand-in apt-get installs it."""
     checkout = tmp_path / "swerl"
-    for rel in ("scripts/demo", "deploy/docker-up.sh"):
+    for rel in ("scripts/demo", "deploy/docker-up.sh", "deploy/setup-lib.sh"):
         (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, checkout / rel)
     fake = tmp_path / "bin"
