@@ -17,9 +17,29 @@ ENGINE_CONTEXT = 64  # tokens; the session's own budget (the default) is far lar
 LONG = f"{KEY}: " + "please read this long question " * 40
 
 
-async def test_openai_sdk_gets_context_length_exceeded_with_the_engines_words() -> None:
+@pytest.mark.parametrize(
+    ("limit", "words"),
+    [
+        (
+            {"context_length": ENGINE_CONTEXT},
+            "is longer than the model's context length (64 tokens).",
+        ),
+        # Issue 41 point 3: SGLang's scheduler refuses a prompt of max_req_input_len tokens or
+        # more (a KV pool smaller than the context) in words without "context length"; it is
+        # the same context limit, not an infra failure the episode would be re-run for.
+        (
+            {"max_req_input_len": ENGINE_CONTEXT},
+            "exceeds the maximum allowed length (64 tokens)."
+            " Use a shorter input or enable --allow-auto-truncate.",
+        ),
+    ],
+    ids=["tokenizer-manager", "scheduler"],
+)
+async def test_openai_sdk_gets_context_length_exceeded_with_the_engines_words(
+    limit: dict[str, int], words: str
+) -> None:
     with no_call_failed():
-        async with gateway_env(context_length=ENGINE_CONTEXT) as env:
+        async with gateway_env(**limit) as env:
             session = await env.open()
             async with openai.AsyncOpenAI(
                 base_url=env.openai_url(session), api_key=session.secret, max_retries=0
@@ -33,32 +53,7 @@ async def test_openai_sdk_gets_context_length_exceeded_with_the_engines_words() 
     assert error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
     assert error["message"].startswith("the model's engine refused the prompt (")
-    assert error["message"].endswith("is longer than the model's context length (64 tokens).")
-    assert session.state is SessionState.LIMIT_CONTEXT
-    assert session.counters.context_errors == 1 and session.counters.infra_errors == 0
-
-
-async def test_the_schedulers_kv_pool_refusal_is_context_length_exceeded_too() -> None:
-    """Issue 41 point 3: SGLang's scheduler refuses a prompt of `max_req_input_len` tokens or
-    more (a KV pool smaller than the context) in words without "context length"; it is the
-    same context limit, not an infra failure the episode would be re-run for."""
-    with no_call_failed():
-        async with gateway_env(max_req_input_len=ENGINE_CONTEXT) as env:
-            session = await env.open()
-            async with openai.AsyncOpenAI(
-                base_url=env.openai_url(session), api_key=session.secret, max_retries=0
-            ) as client:
-                with pytest.raises(openai.BadRequestError) as refused:
-                    await client.chat.completions.create(
-                        model="m", messages=[{"role": "user", "content": LONG}]
-                    )
-    error = refused.value.body
-    assert refused.value.status_code == 400
-    assert error["code"] == "context_length_exceeded"
-    assert error["message"].endswith(
-        "exceeds the maximum allowed length (64 tokens)."
-        " Use a shorter input or enable --allow-auto-truncate."
-    )
+    assert error["message"].endswith(words)
     assert session.state is SessionState.LIMIT_CONTEXT
     assert session.counters.context_errors == 1 and session.counters.infra_errors == 0
 
