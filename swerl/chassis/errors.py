@@ -115,9 +115,7 @@ class Internal(SwerlError):
     reason = "INTERNAL"
 
 
-class StartupRefused(FailedPrecondition):
+class StartupRefused(Exception):
     """A service will not start: its settings name something this host lacks (a runtime's
-    socket, an isolation class the runtime does not offer). `swerl <service> serve` prints it
-    as one line and exits 2."""
-
-    reason = "STARTUP_REFUSED"
+    socket, an isolation class the runtime does not offer). Never an RPC's error (so no status
+    and no reason): `swerl <service> serve` prints it as one line and exits 2."""

@@ -63,9 +63,8 @@ def test_podman_without_its_socket_is_refused_naming_how_to_start_it(tmp_path: P
 
 def test_open_runtime_refuses_a_missing_docker_socket(tmp_path: Path) -> None:
     settings = node_settings(tmp_path, docker_host=f"unix://{tmp_path}/docker.sock")
-    with pytest.raises(StartupRefused, match=r"no API socket at .*start dockerd") as refused:
+    with pytest.raises(StartupRefused, match=r"no API socket at .*start dockerd"):
         open_runtime(settings)
-    assert refused.value.reason == "STARTUP_REFUSED"
 
 
 @pytest.mark.docker
