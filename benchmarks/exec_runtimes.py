@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,6 @@ def parse_targets(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown runtime target(s) {unknown}: one of {', '.join(TARGETS)}")
     return names
-
-
-def _p(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def compare(

@@ -397,10 +397,13 @@ class DockerBackend:
 
         def last_kill() -> int | None:
             # Podman answers nothing for fractional bounds: whole seconds around the window.
-            start, until = (int(since), int(time.time()) + 1) if podman else (since, time.time())
+            now = time.time()
+            bounds = (
+                (str(int(since)), str(int(now) + 1)) if podman else (f"{since:.6f}", f"{now:.6f}")
+            )
             events = self._api.events(
-                since=f"{start:.6f}" if not podman else str(start),
-                until=f"{until:.6f}" if not podman else str(until),
+                since=bounds[0],
+                until=bounds[1],
                 filters={"container": container_id, "event": "kill"},
                 decode=True,
             )
