@@ -8,7 +8,7 @@ import time
 
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from testkit.exec import RPC_TIMEOUT_S, ExecStream, surviving
+from testkit.exec import RPC_TIMEOUT_S, ExecStream, group_running, surviving
 
 from swerl.exec.client import exec_start
 from swerl.exec.v1 import sandbox_pb2 as pb
@@ -171,10 +171,7 @@ async def test_cancelled_exec_kills_its_command_and_the_sandbox_stays_usable(nod
     began = time.monotonic()
     check = await node.client.run(
         sandbox.sandbox_id,
-        # A member still running (a zombie awaiting its reaper is no longer running).
-        f"{PS}; if ps -eo pgid=,stat= | awk '$1 == {started.pgid} && $2 !~ /^Z/ {{f = 1}}"
-        f" END {{exit !f}}'; then echo GROUP-ALIVE; fi;"
-        f" test -e {marker} && echo MARKER-EXISTS; true",
+        f"{PS}; {group_running(started.pgid)}; test -e {marker} && echo MARKER-EXISTS; true",
         timeout_s=30,
     )
     assert time.monotonic() - began < 5

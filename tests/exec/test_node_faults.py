@@ -64,8 +64,12 @@ async def faulty_node(tmp_path, own_dockerd) -> RunningNode:
     finally:
         own_dockerd.process.send_signal(signal.SIGCONT)
         manager = running.node.manager
-        for record in list(manager.list_sandboxes({})):
-            await manager.destroy(record.sandbox_id)
+        try:
+            for record in list(manager.list_sandboxes({})):
+                await manager.destroy(record.sandbox_id)
+        except Exception:
+            print(own_dockerd.describe())  # shown with the teardown's error
+            raise
         await running.channel.close()
         await running.node.stop(0)
 

@@ -174,6 +174,15 @@ class Dockerd:
         except Exception:
             return False
 
+    def describe(self, lines: int = 40) -> str:
+        """Its process's state and the tail of its log: the evidence when it went away."""
+        code = self.process.poll()
+        state = f"running (pid {self.process.pid})" if code is None else f"exited {code}"
+        with contextlib.suppress(OSError):
+            tail = (self.root / "dockerd.log").read_text(errors="replace").splitlines()[-lines:]
+            return f"dockerd {state}; socket present: {self.socket.exists()}\n" + "\n".join(tail)
+        return f"dockerd {state}; no log"
+
     def stop(self) -> None:
         """Removes its containers, stops it (and its containerd), deletes its directories."""
         with contextlib.suppress(Exception):

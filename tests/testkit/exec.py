@@ -197,6 +197,15 @@ def surviving(ps_output: bytes, needle: bytes) -> list[bytes]:
     return [line for line in ps_output.splitlines() if needle in line]
 
 
+def group_running(pgid: int) -> str:
+    """A shell snippet that prints GROUP-ALIVE while a member of process group `pgid` still
+    runs (a zombie awaiting its reaper, tini, no longer runs)."""
+    return (
+        f"if ps -eo pgid=,stat= | awk '$1 == {int(pgid)} && $2 !~ /^Z/ {{f = 1}} END {{exit !f}}';"
+        " then echo GROUP-ALIVE; fi"
+    )
+
+
 def containers_of(node_id: str) -> list[Any]:
     """The containers the exec node `node_id` made, running or not."""
     client = docker.from_env()
