@@ -65,6 +65,16 @@ PODMAN = "podman"
 UNNAMED_SIGNAL = -1
 
 
+def daemon_name(runtime_name: str) -> str:
+    """The daemon behind a runtime's socket, as its operator calls it (in errors)."""
+    return "podman's API service" if runtime_name == PODMAN else "dockerd"
+
+
+def _has_label(labels: dict[str, str], key: str, value: str) -> bool:
+    """A label filter's match: the key with that value, or the key at all when `value` is ""."""
+    return key in labels and (not value or labels[key] == value)
+
+
 def _drop_result(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
@@ -135,7 +145,9 @@ class DockerBackend:
             else:
                 client = docker.from_env(timeout=120, max_pool_size=threads)
         except docker.errors.DockerException as exc:
-            raise DockerUnavailable(f"cannot reach dockerd: {exc}") from exc
+            raise DockerUnavailable(
+                f"cannot reach {daemon_name(options.get('runtime_name', 'docker'))}: {exc}"
+            ) from exc
         return cls(client, threads=threads, **options)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -162,7 +174,12 @@ class DockerBackend:
         except RuntimeApiError:
             raise  # raised by the call itself (a pull's error row)
         except OSError as exc:
-            raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
+            raise DockerUnavailable(f"{self.daemon} unreachable: {exc}") from exc
+
+    @property
+    def daemon(self) -> str:
+        """The daemon behind the socket, as its operator calls it (in errors)."""
+        return daemon_name(self.runtime_name)
 
     def _down_future(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
         if self._down is None or self._down.get_loop() is not loop:
@@ -200,12 +217,12 @@ class DockerBackend:
             version = await asyncio.wait_for(answer, timeout_s)
         except asyncio.TimeoutError:
             raise DockerUnavailable(
-                f"dockerd did not answer a ping within {timeout_s:g} s (hung or overloaded)"
+                f"{self.daemon} did not answer a ping within {timeout_s:g} s (hung or overloaded)"
             ) from None
         except docker.errors.DockerException as exc:
-            raise DockerUnavailable(f"dockerd unhealthy: {exc}") from exc
+            raise DockerUnavailable(f"{self.daemon} unhealthy: {exc}") from exc
         except OSError as exc:
-            raise DockerUnavailable(f"dockerd unreachable: {exc}") from exc
+            raise DockerUnavailable(f"{self.daemon} unreachable: {exc}") from exc
         return str(version.get("Version", "unknown"))
 
     async def product(self) -> str:
@@ -488,7 +505,10 @@ class DockerBackend:
         created = await self._call(
             self._api.commit, container_id, repository=repository, tag=tag, pause=True, **options
         )
-        return str(created["Id"])
+        # Podman answers the bare hex digest, which its own image calls then refuse ("cannot
+        # specify 64-byte hexadecimal strings"); Docker's ids, and both lists', are sha256:hex.
+        image_id = str(created["Id"])
+        return image_id if ":" in image_id else "sha256:" + image_id
 
     async def top_layer_size(self, image: str) -> int:
         """Bytes of the image's newest layer (for a fork image: the sandbox's changes)."""
@@ -496,9 +516,18 @@ class DockerBackend:
         return int(history[0].get("Size", 0) or 0) if history else 0
 
     async def list_labelled_images(self, label_filters: dict[str, str]) -> list[ImageRecord]:
-        filters = {"label": [f"{k}={v}" if v else k for k, v in label_filters.items()]}
-        rows = await self._call(self._api.images, filters=filters)
-        return [self._podman_tags(row) for row in rows]
+        wanted = [f"{k}={v}" if v else k for k, v in label_filters.items()]
+        if self.runtime_name != PODMAN:
+            rows = await self._call(self._api.images, filters={"label": wanted})
+            return [self._podman_tags(row) for row in rows]
+        # Podman 4.3's image list matches nothing when given two label filters or more
+        # (containers it filters right): it is asked for the first, the rest are checked here.
+        rows = await self._call(self._api.images, filters={"label": wanted[:1]})
+        return [
+            self._podman_tags(row)
+            for row in rows
+            if all(_has_label(row.get("Labels") or {}, k, v) for k, v in label_filters.items())
+        ]
 
     async def remove_unused_image(self, image: str) -> bool:
         """Removes an unused image: True once it is gone, False while a container uses it."""
