@@ -65,6 +65,8 @@ GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
 # serving.py:194-196: the engine's id of a request is this prefix plus the id the body gives.
 ENGINE_REQUEST_PREFIX = "generate-tokens-"
+# When an abort is sent, from the moment swerl stops waiting (waits between the sends, s).
+ABORT_AGAIN_S = (0.0, 1.0, 2.0, 5.0)
 
 # SGLang's key -> vLLM's, for the keys whose value passes as it is.
 _RENAMED = {
@@ -290,18 +292,26 @@ class VllmPolicy:
             raise PolicyUnavailable(f"unreadable vLLM reply: {err}", "POLICY_BAD_REPLY") from err
 
     def _abort(self, request_id: str) -> None:
-        """Asks the engine to stop sampling a call swerl no longer waits for."""
+        """Asks the engine to stop sampling a call swerl no longer waits for.
+
+        vLLM answers every abort 200 and drops one for an id it does not hold yet (its API
+        server may still be admitting the request: async_llm.py's `abort` finds no state), so
+        the abort is sent again a few times over some seconds; one for an id that has ended is
+        a no-op too. (vLLM also aborts a request whose client went away, but a proxy or router
+        in between may keep that connection open.)"""
         body = {"request_ids": [ENGINE_REQUEST_PREFIX + request_id]}
 
         async def send() -> None:
-            try:
-                timeout = aiohttp.ClientTimeout(total=10)
-                async with self._session.post(
-                    self._base + ABORT_PATH, json=body, headers=self._headers, timeout=timeout
-                ) as response:
-                    await response.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError):
-                pass  # best effort: vLLM also aborts a request whose client went away
+            for delay_s in ABORT_AGAIN_S:
+                await asyncio.sleep(delay_s)
+                try:
+                    timeout = aiohttp.ClientTimeout(total=10)
+                    async with self._session.post(
+                        self._base + ABORT_PATH, json=body, headers=self._headers, timeout=timeout
+                    ) as response:
+                        await response.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, RuntimeError):
+                    return  # best effort: the engine is gone or the session closed
 
         task = asyncio.ensure_future(send())
         _ABORTS.add(task)
