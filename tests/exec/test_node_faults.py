@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from testkit.dockerd import Dockerd, start_dockerd
 from testkit.exec import (
     ExecStream,
@@ -23,6 +23,7 @@ from testkit.exec import (
     assert_status,
     node_settings,
     rpc_error,
+    serving,
     start_node,
 )
 
@@ -72,12 +73,6 @@ async def faulty_node(tmp_path, own_dockerd) -> RunningNode:
             raise
         await running.channel.close()
         await running.node.stop(0)
-
-
-async def serving(node: RunningNode) -> int:
-    stub = health_pb2_grpc.HealthStub(node.channel)
-    answer = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-    return answer.status
 
 
 async def told(call) -> tuple[grpc.aio.AioRpcError, float]:

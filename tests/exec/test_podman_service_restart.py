@@ -21,13 +21,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from testkit.exec import (
     ExecStream,
     RunningNode,
     assert_status,
     node_settings,
     rpc_error,
+    serving,
     start_node,
 )
 
@@ -113,12 +114,6 @@ async def podman_node(tmp_path, service) -> RunningNode:
             await manager.destroy(record.sandbox_id)
         await running.channel.close()
         await running.node.stop(0)
-
-
-async def serving(node: RunningNode) -> int:
-    stub = health_pb2_grpc.HealthStub(node.channel)
-    answer = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-    return answer.status
 
 
 async def until_serving(node: RunningNode, want: int) -> None:

@@ -68,6 +68,13 @@ async def start_node(settings: ExecSettings) -> RunningNode:
     return RunningNode(node)
 
 
+async def serving(node: RunningNode) -> int:
+    """The node's answer to a gRPC health check (SERVING, NOT_SERVING)."""
+    stub = health_pb2_grpc.HealthStub(node.channel)
+    answer = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    return answer.status
+
+
 async def rpc_error(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
     """Awaits a call that must fail and returns its error."""
     with pytest.raises(grpc.aio.AioRpcError) as caught:
