@@ -414,14 +414,23 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
     """
     import docker as docker_sdk
 
+    script = "git rev-parse HEAD && (git rev-parse -q --verify HEAD~1 || true)"
     try:
-        output = client.containers.run(
-            image.id,
-            ["sh", "-c", "git rev-parse HEAD && (git rev-parse -q --verify HEAD~1 || true)"],
-            working_dir="/testbed",
-            network_disabled=True,
-            remove=True,
-        )
+        for attempt in range(3):
+            try:
+                output = client.containers.run(
+                    image.id,
+                    ["sh", "-c", script],
+                    working_dir="/testbed",
+                    network_disabled=True,
+                    remove=True,
+                )
+                break
+            except docker_sdk.errors.APIError as exc:
+                # Podman's service may fail to inspect a container in the moment its process
+                # exits ("read /proc/N/cgroup: no such process"): the run is tried again.
+                if attempt == 2 or "no such process" not in str(exc):
+                    raise
     except docker_sdk.errors.ContainerError as exc:
         stderr = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
         raise TaskImageError(
