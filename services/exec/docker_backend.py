@@ -517,12 +517,10 @@ class DockerBackend:
 
     async def list_labelled_images(self, label_filters: dict[str, str]) -> list[ImageRecord]:
         wanted = [f"{k}={v}" if v else k for k, v in label_filters.items()]
-        if self.runtime_name != PODMAN:
-            rows = await self._call(self._api.images, filters={"label": wanted})
-            return [self._podman_tags(row) for row in rows]
         # Podman 4.3's image list matches nothing when given two label filters or more
-        # (containers it filters right): it is asked for the first, the rest are checked here.
-        rows = await self._call(self._api.images, filters={"label": wanted[:1]})
+        # (containers it filters right): it is asked for the first, and every row is checked here.
+        asked = wanted[:1] if self.runtime_name == PODMAN else wanted
+        rows = await self._call(self._api.images, filters={"label": asked})
         return [
             self._podman_tags(row)
             for row in rows

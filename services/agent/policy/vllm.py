@@ -65,7 +65,7 @@ GENERATE_PATH = "/inference/v1/generate"
 ABORT_PATH = "/inference/v1/abort_requests"
 # serving.py:194-196: the engine's id of a request is this prefix plus the id the body gives.
 ENGINE_REQUEST_PREFIX = "generate-tokens-"
-# When an abort is sent, from the moment swerl stops waiting (waits between the sends, s).
+# The waits (s) before each send of an abort, the first as swerl stops waiting for the call.
 ABORT_AGAIN_S = (0.0, 1.0, 2.0, 5.0)
 
 # SGLang's key -> vLLM's, for the keys whose value passes as it is.
