@@ -270,3 +270,53 @@ def test_the_vllm_tests_skip_without_an_engine_url_and_fail_when_it_is_not_healt
     monkeypatch.setenv("SWERL_VLLM_URL", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(pytest.fail.Exception, match="is set but the engine is not healthy"):
         wait_for_engine(start_s=1.0)
+
+
+async def test_a_cancelled_call_is_aborted_again_on_a_schedule(monkeypatch) -> None:
+    """vLLM drops an abort for a request it has not admitted yet, so swerl sends it again: an
+    HTTP server on port 0 that never answers /generate counts the aborts (waits shortened)."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from swerl.agent.policy import vllm as vllm_policy
+    from swerl.chassis.site import serve_app
+
+    monkeypatch.setattr(vllm_policy, "ABORT_AGAIN_S", (0.0, 0.05, 0.05))
+    generating, released = asyncio.Event(), asyncio.Event()
+    aborts: list[dict] = []
+
+    async def generate(_: web.Request) -> web.Response:
+        generating.set()
+        await released.wait()  # the test's end: swerl has long gone
+        return web.Response(status=503)
+
+    async def abort(request: web.Request) -> web.Response:
+        aborts.append(await request.json())
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post(vllm_policy.GENERATE_PATH, generate)
+    app.router.add_post(vllm_policy.ABORT_PATH, abort)
+    runner, port = await serve_app(app, "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            policy = vllm_policy.VllmPolicy(
+                session, f"http://127.0.0.1:{port}", {}, request_timeout_s=60, request_key="ep1"
+            )
+            call = asyncio.ensure_future(policy.generate([1, 2, 3], 8))
+            await asyncio.wait_for(generating.wait(), 10)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            for _ in range(100):
+                if len(aborts) == 3:
+                    break
+                await asyncio.sleep(0.02)
+    finally:
+        released.set()
+        await runner.cleanup()
+    assert len(aborts) == 3
+    [ids] = {tuple(a["request_ids"]) for a in aborts}
+    assert len(ids) == 1 and ids[0].startswith(vllm_policy.ENGINE_REQUEST_PREFIX + "ep1-")
