@@ -620,6 +620,12 @@ class CommandStream:
                         grpc.aio.Metadata(),
                         f"no exit within {deadline_s:g} s",
                     ) from None
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    # A send that failed in the transport can surface at the next read too
+                    # (seen in CI: a SIGSTOPped node under load), not only at the write.
+                    told = send_failure(exc)
+                    if told is not exc:
+                        raise told from exc
                 raise
             finally:
                 timer.cancel()

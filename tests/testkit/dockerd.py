@@ -29,6 +29,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -173,6 +174,25 @@ class Dockerd:
             return True
         except Exception:
             return False
+
+    def answer_again(self) -> str | None:
+        """Makes sure it answers (a test's teardown after a restart): None when it does; else its
+        state and log are kept (printed, and the log copied to /tmp/swerl-dockerd-gone-*.log,
+        the evidence), it is started again if it exited, and that account is returned."""
+        with contextlib.suppress(RuntimeError):
+            if self._answers():
+                return None
+        account = self.describe()
+        handle, name = tempfile.mkstemp(prefix="swerl-dockerd-gone-", suffix=".log", dir="/tmp")
+        os.close(handle)
+        kept = Path(name)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.root / "dockerd.log", kept)
+        print(f"{account}\n(its whole log: {kept})")
+        if self.process.poll() is not None:
+            self.process = _spawn_dockerd(self.root, self.bridge)
+        _wait_until(self._answers, 60, f"dockerd at {self.host}, started again")
+        return account
 
     def describe(self, lines: int = 40) -> str:
         """Its process's state and the tail of its log: the evidence when it went away."""
