@@ -69,6 +69,19 @@ def harness_bundle_dir():
 # (structlog.testing.capture_logs) would then see none. Which tests share a process depends on
 # the order and on the pytest-xdist worker, so each test gets back the configuration it found.
 @pytest.fixture(autouse=True)
+def _engine_turn(request: pytest.FixtureRequest):
+    """A test that uses the run's vLLM engine holds it for its duration: shared, or alone when
+    marked `vllm_alone` (testkit.vllm_engine.engine_turn)."""
+    if "vllm_engine" not in request.fixturenames:
+        yield
+        return
+    from testkit.vllm_engine import engine_turn
+
+    with engine_turn(alone=request.node.get_closest_marker("vllm_alone") is not None):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _structlog_configuration_restored():
     import logging
 

@@ -111,6 +111,7 @@ async def test_a_prompt_over_vllms_max_model_len_ends_the_episode_limit_context(
     assert sandboxes_left() == []
 
 
+@pytest.mark.vllm_alone
 async def test_cancelling_an_episode_mid_generation_aborts_the_request_on_vllm(
     vllm_engine: VllmEngine,
 ) -> None:

@@ -161,6 +161,7 @@ def _long_session_params() -> dict[str, Any]:
     return {"sampling_params": {"temperature": 1.0, "ignore_eos": True}, "max_new_tokens": 3500}
 
 
+@pytest.mark.vllm_alone
 async def test_aborting_the_session_mid_generation_aborts_the_request_on_vllm(
     vllm_engine: VllmEngine,
 ) -> None:
@@ -191,6 +192,7 @@ async def test_aborting_the_session_mid_generation_aborts_the_request_on_vllm(
     assert gateway.store.sessions[session.id].records in (None, [])
 
 
+@pytest.mark.vllm_alone
 async def test_the_trainers_own_abort_on_vllm_ends_the_session_aborted(
     vllm_engine: VllmEngine,
 ) -> None:

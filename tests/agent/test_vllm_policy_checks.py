@@ -272,6 +272,24 @@ def test_the_vllm_tests_skip_without_an_engine_url_and_fail_when_it_is_not_healt
         wait_for_engine(start_s=1.0)
 
 
+def test_a_vllm_alone_test_has_the_engine_to_itself(monkeypatch) -> None:
+    """engine_turn: while one holder has the engine alone, neither a shared nor another lone
+    hold is given (each times out); once it lets go, shared holds are given side by side."""
+    from testkit import vllm_engine as kit
+
+    monkeypatch.setenv("SWERL_VLLM_URL", "http://127.0.0.1:1/turn-test")
+    monkeypatch.setattr(kit, "TURN_WAIT_S", 0.5)
+    with kit.engine_turn(alone=True):
+        for alone in (False, True):
+            with pytest.raises(TimeoutError, match="no turn on the engine"):
+                with kit.engine_turn(alone=alone):
+                    pass
+    with kit.engine_turn(alone=False), kit.engine_turn(alone=False):
+        with pytest.raises(TimeoutError):
+            with kit.engine_turn(alone=True):
+                pass
+
+
 async def test_a_cancelled_call_is_aborted_again_on_a_schedule(monkeypatch) -> None:
     """vLLM drops an abort for a request it has not admitted yet, so swerl sends it again: an
     HTTP server on port 0 that never answers /generate counts the aborts (waits shortened)."""

@@ -13,11 +13,16 @@ body, so a test checks swerl's records against what the engine itself was sent a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,10 +63,44 @@ def engine_queue(engine: VllmEngine) -> tuple[float, float]:
     return counts["running"], counts["waiting"]
 
 
+# How long a test waits for its turn on the engine (engine_turn).
+TURN_WAIT_S = 900.0
+
+
+@contextlib.contextmanager
+def engine_turn(*, alone: bool) -> Iterator[None]:
+    """A test's hold on the run's one engine, across pytest-xdist's workers: a shared hold, or
+    with `alone` the engine to itself (a `vllm_alone` test: tests/conftest.py takes the hold for
+    every test that uses `vllm_engine`). The engine's gauges count every worker's requests, so
+    a test that waits for *its* request to be sampled (wait_until_sampling) must be alone: once
+    a 3,500-token call finished before the test's abort, its wait having been held up by
+    another worker's queued requests. An flock on a file named after the engine's URL."""
+    key = hashlib.sha256(os.environ.get("SWERL_VLLM_URL", "").encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"swerl-vllm-engine-{key}.lock"
+    kind = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    with open(path, "a+b") as handle:
+        deadline = time.monotonic() + TURN_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, kind | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"no turn on the engine within {TURN_WAIT_S:g} s ({path})"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 async def wait_until_sampling(engine: VllmEngine, timeout_s: float = 120.0) -> None:
     """Until the engine's scheduler runs every request it was sent (at least one, none
     waiting): a request the proxy has forwarded may still be queued, or in the engine's
-    first-call warm-up, and an abort that comes before the engine holds it is a no-op."""
+    first-call warm-up, and an abort that comes before the engine holds it is a no-op. Only
+    for a test that has the engine to itself (`vllm_alone`): the gauges are the engine's."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         running, waiting = await asyncio.to_thread(engine_queue, engine)
