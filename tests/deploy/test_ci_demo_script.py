@@ -1,6 +1,7 @@
 """scripts/ci-demo runs scripts/demo as a newcomer would (issue 35): in a fresh venv with no
 system site packages, first on PATH, and fails when the demo exits non-zero or prints a Python
-traceback; .ci/run runs it after the tests and ends with its wall time.
+traceback; .ci/run runs it beside the tests' last steps (after them, given pytest arguments)
+and ends with its wall time.
 
 The scripts run as written, in a copy of the checkout's folders, with a stand-in scripts/demo
 (and scripts/test) that reports what it finds and ends as the test asks. The venv is real, made
@@ -93,28 +94,49 @@ def test_a_traceback_fails_the_job_even_when_the_demo_exits_0(tmp_path):
         assert "[ci-demo] FAILED: scripts/demo printed a Python traceback" in run.stderr
 
 
-def test_ci_runs_the_demo_after_the_tests_and_ends_with_its_wall_time(tmp_path):
+def test_ci_runs_the_demo_beside_the_tests_tail_and_ends_with_its_wall_time(tmp_path):
     checkout = _checkout(tmp_path, "exit 0\n")
-    _script(checkout / "scripts/test", 'echo "tests: $*"\n')
+    # The stand-in scripts/test runs what SWERL_TEST_BESIDE_TAIL names, as the real one does
+    # beside its last steps, and fails when that fails.
+    _script(
+        checkout / "scripts/test",
+        'echo "tests: $* (beside: ${SWERL_TEST_BESIDE_TAIL:-none})"\n'
+        'if [[ -n "${SWERL_TEST_BESIDE_TAIL:-}" ]]; then bash -c "$SWERL_TEST_BESIDE_TAIL"; fi\n',
+    )
     _script(checkout / "scripts/ci-demo", 'echo "ci-demo ran"\n')
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    run = subprocess.run(
-        ["bash", str(checkout / ".ci/run"), "-k", "x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+
+    def ci(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(checkout / ".ci/run"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    run = ci()
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert lines.index("tests: -k x") < lines.index("ci-demo ran")
+    assert lines.index("tests:  (beside: scripts/ci-demo)") < lines.index("ci-demo ran")
+    assert lines[-1].startswith("== .ci/run: ok; wall time 0 min ")
+    # Given pytest arguments, scripts/test runs no tail: the demo runs after it.
+    run = ci("-k", "x")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines.index("tests: -k x (beside: none)") < lines.index("ci-demo ran")
     assert lines[-1].startswith("== .ci/run: ok; wall time 0 min ")
 
-    _script(checkout / "scripts/test", "exit 4\n")
-    failed = subprocess.run(
-        ["bash", str(checkout / ".ci/run")], env=env, capture_output=True, text=True, timeout=60
+    _script(checkout / "scripts/ci-demo", 'echo "ci-demo failed"\nexit 1\n')
+    failed = ci()
+    assert failed.returncode == 1
+    assert failed.stdout.splitlines()[-1].startswith(
+        "== .ci/run: FAILED in scripts/test (rc 1); wall time 0 min "
     )
-    assert failed.returncode == 4
-    assert "ci-demo ran" not in failed.stdout
-    last = failed.stdout.splitlines()[-1]
-    assert last.startswith("== .ci/run: FAILED in scripts/test (rc 4); wall time 0 min ")
+    _script(checkout / "scripts/test", "exit 4\n")
+    for args in ((), ("-k", "x")):
+        failed = ci(*args)
+        assert failed.returncode == 4
+        assert "ci-demo" not in failed.stdout
+        last = failed.stdout.splitlines()[-1]
+        assert last.startswith("== .ci/run: FAILED in scripts/test (rc 4); wall time 0 min ")
