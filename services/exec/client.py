@@ -621,11 +621,11 @@ class CommandStream:
                         f"no exit within {deadline_s:g} s",
                     ) from None
                 if isinstance(exc, grpc.aio.AioRpcError):
-                    # A send that failed in the transport can surface at the next read too
-                    # (seen in CI: a SIGSTOPped node under load), not only at the write.
+                    # A send that failed in the transport, told at the write or (seen in CI: a
+                    # SIGSTOPped node under load) at the next read: one place maps both.
                     told = send_failure(exc)
                     if told is not exc:
-                        raise told from exc
+                        raise told from None
                 raise
             finally:
                 timer.cancel()
@@ -637,7 +637,7 @@ class CommandStream:
         call: grpc.aio.StreamStreamCall, request: pb.ExecCommandsRequest, stdin: bytes | None
     ) -> ExecResult:
         out = {pb.OUTPUT_STREAM_STDOUT: bytearray(), pb.OUTPUT_STREAM_STDERR: bytearray()}
-        await _send(call, request)
+        await call.write(request)
         if stdin is not None:
             # In pieces well under gRPC's default 4 MiB message limit; the last closes stdin.
             pieces = [
@@ -645,9 +645,7 @@ class CommandStream:
             ]
             for index, piece in enumerate(pieces or [b""]):
                 last = index == max(len(pieces), 1) - 1
-                await _send(
-                    call, pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last))
-                )
+                await call.write(pb.ExecCommandsRequest(stdin=pb.ExecStdin(data=piece, close=last)))
         while True:
             read = await call.read()
             if read is grpc.aio.EOF:
@@ -687,13 +685,6 @@ class CommandStream:
         for task in list(self._closing):
             with contextlib.suppress(BaseException):
                 await task
-
-
-async def _send(call: grpc.aio.StreamStreamCall, message: pb.ExecCommandsRequest) -> None:
-    try:
-        await call.write(message)
-    except grpc.aio.AioRpcError as err:
-        raise send_failure(err) from None
 
 
 def send_failure(err: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
