@@ -50,12 +50,14 @@ def _run(checkout: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProc
     python = tmp_path / "python-for-venv"
     _script(python, f'exec {sys.executable} "$1" "$2" --without-pip "$3"\n')
     env = {**os.environ, "TMPDIR": str(tmp_path), "SWERL_CI_DEMO_PYTHON": str(python)}
+    return _bash(checkout / "scripts/ci-demo", args, env, timeout_s=180)
+
+
+def _bash(
+    script: Path, args: tuple[str, ...], env: dict[str, str], *, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(checkout / "scripts/ci-demo"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+        ["bash", str(script), *args], env=env, capture_output=True, text=True, timeout=timeout_s
     )
 
 
@@ -109,13 +111,7 @@ def test_ci_runs_the_demo_beside_the_tests_tail_and_ends_with_its_wall_time(tmp_
     env["TMPDIR"] = str(tmp_path)
 
     def ci(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", str(checkout / ".ci/run"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return _bash(checkout / ".ci/run", args, env, timeout_s=60)
 
     run = ci()
     assert run.returncode == 0, run.stderr
