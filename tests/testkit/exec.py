@@ -166,10 +166,12 @@ class ExecStream:
 
 
 def _containers(filters: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    # One list call, as `docker ps -a`: docker-py's containers.list inspects each container it
+    # listed, and one removed in between (what the reaper tests wait for) fails that with NotFound.
     client = docker.from_env()
     try:
-        found = client.containers.list(all=True, filters=filters)
-        return [(c.name, dict(c.labels)) for c in found]
+        rows = client.api.containers(all=True, filters=filters)
+        return [(row["Names"][0].lstrip("/"), dict(row.get("Labels") or {})) for row in rows]
     finally:
         client.close()
 
