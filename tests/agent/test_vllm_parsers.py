@@ -22,6 +22,7 @@ from testkit.parser_parity import (
     render_table,
     run_vllm,
 )
+from testkit.vllm_engine import wait_for_engine
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,10 @@ def readings():
     python = os.environ.get("SWERL_VLLM_PYTHON", "")
     if not python:
         pytest.skip("vLLM's environment is not set up (set SWERL_VLLM_PYTHON to its python)")
-    # scripts/test (and so CI) sets it only to an environment it built: there it must work.
+    # scripts/test (and so CI) sets it to the environment it builds in the background, and the
+    # engine it then serves answering says the build is done: there it must work.
+    if os.environ.get("SWERL_VLLM_URL"):
+        wait_for_engine()
     assert Path(python).is_file(), f"SWERL_VLLM_PYTHON={python} does not exist"
     corpus = load_cases()
     vllm = run_vllm(python, corpus)

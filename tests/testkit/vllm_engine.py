@@ -33,7 +33,8 @@ from aiohttp import web
 
 from swerl.chassis.site import serve_app
 
-# How long the fixture waits for a starting engine: its start (~40 s on an idle 2-core machine)
+# How long the fixture waits for a starting engine: its environment's build on a fresh machine
+# (~2 min; scripts/test builds it in the background), its start (~40 s on an idle 2-core machine)
 # beside the static checks or other tests, and the first generate's warm-up (~20 s).
 START_S = float(os.environ.get("SWERL_VLLM_START_S", "600"))
 
@@ -117,6 +118,19 @@ def _log_tail() -> str:
     return "\n".join(Path(log).read_text(errors="replace").splitlines()[-30:])
 
 
+def _job_ended() -> bool:
+    """Whether the job serving the engine (SWERL_VLLM_PID, set by scripts/test: its environment's
+    build, then the engine) has exited; a zombie counts, nobody has waited for it yet."""
+    pid = os.environ.get("SWERL_VLLM_PID", "")
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def wait_for_engine(start_s: float = START_S) -> VllmEngine:
     """The engine at SWERL_VLLM_URL once healthy and warm; skips when the variable is unset and
     fails when the engine is not up within start_s."""
@@ -131,6 +145,12 @@ def wait_for_engine(start_s: float = START_S) -> VllmEngine:
                 break
         except (OSError, urllib.error.URLError) as err:
             last = f"{type(err).__name__}: {err}"
+        if _job_ended():
+            pytest.fail(
+                f"SWERL_VLLM_URL={url} is set but the job serving it"
+                f" (pid {os.environ['SWERL_VLLM_PID']}) has ended; its log's end:\n{_log_tail()}",
+                pytrace=False,
+            )
         if time.monotonic() > deadline:
             pytest.fail(
                 f"SWERL_VLLM_URL={url} is set but the engine is not healthy after {start_s:.0f} s"
