@@ -22,7 +22,7 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   log "starting dockerd (log: $DOCKERD_LOG)"
-  as_root bash -c "nohup dockerd >'$DOCKERD_LOG' 2>&1 &"
+  run_from_root as_root bash -c "nohup dockerd >'$DOCKERD_LOG' 2>&1 &"
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && break
     sleep 0.5

@@ -140,19 +140,24 @@ if command -v podman >/dev/null 2>&1; then
   conf="$(printf '# podman with gVisor as its default runtime (deploy/gvisor-up.sh).\n[containers]\n%s\n\n[engine]\nruntime = "runsc"\n\n[engine.runtimes]\nrunsc = ["%s"]\n' \
     "$rlimits" "$RUNSC_WRAPPER")"
   service_pid() { pgrep -f "^podman system service --time=0 unix://$PODMAN_RUNSC_SOCK\$" || true; }
+  stale=""
   if [ "$(cat "$PODMAN_RUNSC_CONF" 2>/dev/null)" != "$conf" ]; then
     as_root mkdir -p "$(dirname "$PODMAN_RUNSC_CONF")"
     printf '%s\n' "$conf" | as_root tee "$PODMAN_RUNSC_CONF" >/dev/null
-    if [ -n "$(service_pid)" ]; then  # it read the old file when it started
-      as_root kill -TERM $(service_pid)
-      for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
-    fi
+    stale="it read the old $PODMAN_RUNSC_CONF when it started"
+  elif cwd_deleted "$(service_pid)"; then
+    stale="it runs in a deleted directory (conmon cannot start containers there)"
+  fi
+  if [ -n "$stale" ] && [ -n "$(service_pid)" ]; then
+    log "restarting podman's gVisor API service: $stale"
+    as_root kill -TERM $(service_pid)
+    for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
   fi
   answers() { podman --url "unix://$PODMAN_RUNSC_SOCK" version >/dev/null 2>&1; }
   if ! answers; then
     log "starting podman's gVisor API service on $PODMAN_RUNSC_SOCK (log: $PODMAN_RUNSC_LOG)"
     as_root mkdir -p "$(dirname "$PODMAN_RUNSC_SOCK")"
-    as_root env CONTAINERS_CONF="$PODMAN_RUNSC_CONF" setsid nohup \
+    run_from_root as_root env CONTAINERS_CONF="$PODMAN_RUNSC_CONF" setsid nohup \
       podman system service --time=0 "unix://$PODMAN_RUNSC_SOCK" >>"$PODMAN_RUNSC_LOG" 2>&1 </dev/null &
     for _ in $(seq 1 60); do answers && break; sleep 0.25; done
     answers || { log "the service did not come up; see $PODMAN_RUNSC_LOG"; exit 1; }

@@ -75,15 +75,19 @@ log "base image $BASE_IMAGE present ($(podman image inspect -f '{{.Id}}' "$BASE_
 service_answers() { podman --url "unix://$PODMAN_SOCK" version >/dev/null 2>&1; }
 service_pid() { pgrep -f "^podman system service --time=0 unix://$PODMAN_SOCK\$" || true; }
 
+if [ -z "${restart_service:-}" ] && cwd_deleted "$(service_pid)"; then
+  log "podman's API service runs in a deleted directory (conmon cannot start containers there)"
+  restart_service=1
+fi
 if [ -n "${restart_service:-}" ] && [ -n "$(service_pid)" ]; then
-  log "restarting podman's API service for the new settings"
+  log "restarting podman's API service"
   as_root kill -TERM $(service_pid)
   for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
 fi
 if ! service_answers; then
   log "starting podman's API service on $PODMAN_SOCK (log: $PODMAN_LOG)"
   as_root mkdir -p "$(dirname "$PODMAN_SOCK")"
-  as_root setsid nohup podman system service --time=0 "unix://$PODMAN_SOCK" \
+  run_from_root as_root setsid nohup podman system service --time=0 "unix://$PODMAN_SOCK" \
     >>"$PODMAN_LOG" 2>&1 </dev/null &
   for _ in $(seq 1 60); do service_answers && break; sleep 0.25; done
   service_answers || { log "podman's service did not come up; see $PODMAN_LOG"; tail -n 20 "$PODMAN_LOG" >&2; exit 1; }

@@ -22,3 +22,11 @@ apt_install() {
     exit 1
   fi
 }
+
+# A daemon started from a checkout keeps it as its working directory; when that checkout is
+# deleted (a fresh clone made in its place), Podman's conmon fails every container start
+# ("Failed to get working directory", seen by the client as "write child: broken pipe"). The
+# daemons are started from / (run_from_root) and a running one whose directory is gone is
+# restarted (cwd_deleted PID).
+run_from_root() { (cd / && "$@"); }
+cwd_deleted() { [ -n "$1" ] && readlink "/proc/$1/cwd" 2>/dev/null | grep -q ' (deleted)$'; }
