@@ -406,6 +406,10 @@ def _build(client: docker.DockerClient, task: TaskInstance, base_image: str) -> 
     return image
 
 
+# A git object id: SHA-1 (40 hex digits) or SHA-256 (64).
+_COMMIT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
 def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: Image) -> None:
     """/testbed must be at base_commit, or one commit above it as SWE-bench's images are.
 
@@ -415,6 +419,7 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
     import docker as docker_sdk
 
     script = "git rev-parse HEAD && (git rev-parse -q --verify HEAD~1 || true)"
+    commits: list[str] = []
     try:
         for attempt in range(3):
             try:
@@ -425,18 +430,27 @@ def _check_base_commit(client: docker.DockerClient, task: TaskInstance, image: I
                     network_disabled=True,
                     remove=True,
                 )
-                break
             except docker_sdk.errors.APIError as exc:
                 # Podman's service may fail to inspect a container in the moment its process
                 # exits ("read /proc/N/cgroup: no such process"): the run is tried again.
                 if attempt == 2 or "no such process" not in str(exc):
                     raise
+                continue
+            commits = bytes(output).decode(errors="replace").split()
+            # Under load Podman's service has answered such a run with words of an error
+            # instead of its output (`:"no ...`, seen in CI): only commit ids are an answer.
+            if commits and all(_COMMIT_ID.fullmatch(c) for c in commits):
+                break
+            if attempt == 2:
+                raise TaskImageError(
+                    f"{task.image_name}: `git rev-parse HEAD` in /testbed answered "
+                    f"{bytes(output).decode(errors='replace')[:200]!r}, not a commit id"
+                )
     except docker_sdk.errors.ContainerError as exc:
         stderr = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
         raise TaskImageError(
             f"{task.image_name}: `git rev-parse HEAD` failed in /testbed: {stderr}"
         ) from exc
-    commits: list[str] = bytes(output).decode().split()
     head, parent = [*commits, "", ""][:2]
     if task.base_commit not in (head, parent):
         remedy = (
