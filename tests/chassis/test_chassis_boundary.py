@@ -60,10 +60,18 @@ async def test_unknown_exception_is_internal_and_leaks_nothing(stub):
 
 
 async def test_unknown_exception_is_logged_with_its_traceback(stub):
-    with capture_logs() as logs, pytest.raises(grpc.aio.AioRpcError):
-        await stub.GetDiff(sandbox_pb2.GetDiffRequest(sandbox_id="sbx-1"), timeout=5)
+    method = "/swerl.exec.v1.SandboxService/GetDiff"
+    with capture_logs() as logs:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.GetDiff(sandbox_pb2.GetDiffRequest(sandbox_id="sbx-1"), timeout=5)
+        # The server writes its line once the call has ended, which the client may hear first
+        # (seen in CI under load): the line is waited for.
+        for _ in range(50):
+            if _rpc_lines(logs, method):
+                break
+            await asyncio.sleep(0.1)
 
-    (line,) = _rpc_lines(logs, "/swerl.exec.v1.SandboxService/GetDiff")
+    (line,) = _rpc_lines(logs, method)
     assert line["code"] == "INTERNAL"
     assert line["log_level"] == "error"
     assert isinstance(line["exc_info"], RuntimeError)
