@@ -150,8 +150,7 @@ if command -v podman >/dev/null 2>&1; then
   fi
   if [ -n "$stale" ] && [ -n "$(service_pid)" ]; then
     log "restarting podman's gVisor API service: $stale"
-    as_root kill -TERM $(service_pid)
-    for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
+    stop_service service_pid
   fi
   answers() { podman --url "unix://$PODMAN_RUNSC_SOCK" version >/dev/null 2>&1; }
   if ! answers; then

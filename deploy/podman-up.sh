@@ -81,8 +81,7 @@ if [ -z "${restart_service:-}" ] && cwd_deleted "$(service_pid)"; then
 fi
 if [ -n "${restart_service:-}" ] && [ -n "$(service_pid)" ]; then
   log "restarting podman's API service"
-  as_root kill -TERM $(service_pid)
-  for _ in $(seq 1 40); do [ -z "$(service_pid)" ] && break; sleep 0.25; done
+  stop_service service_pid
 fi
 if ! service_answers; then
   log "starting podman's API service on $PODMAN_SOCK (log: $PODMAN_LOG)"

@@ -30,3 +30,11 @@ apt_install() {
 # restarted (cwd_deleted PID).
 run_from_root() { (cd / && "$@"); }
 cwd_deleted() { [ -n "$1" ] && readlink "/proc/$1/cwd" 2>/dev/null | grep -q ' (deleted)$'; }
+
+# Stops a service by SIGTERM and waits (10 s at most) for it to be gone; its argument is the
+# function that prints its pids (each script's service_pid).
+stop_service() {
+  local pids_of="$1"
+  as_root kill -TERM $("$pids_of")
+  for _ in $(seq 1 40); do [ -z "$("$pids_of")" ] && break; sleep 0.25; done
+}

@@ -125,10 +125,10 @@ class DockerBackend:
         # not hold up the ping that finds out (nor the one that sees it answer again).
         self._ping_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="docker-ping")
         self._ping: concurrent.futures.Future[Any] | None = None
-        # The daemon's version as the last ping read it, and when (wall clock).
-        self._version: str | None = None
-        self._version_at = 0.0
+        # The daemon's /version and /info documents and when each was read (wall clock): read
+        # again only once the daemon was seen down since (`last_down_wall`).
         self._version_document: dict[str, Any] = {}
+        self._version_at = 0.0
         self._info_document: dict[str, Any] = {}
         self._info_at = 0.0
         # Done while dockerd is down (mark_down): what every waiting call races against.
@@ -237,17 +237,16 @@ class DockerBackend:
         0.4 s on an idle 2-core machine (it gathers its host's details), and the node pings every
         2 s. Runs on the ping thread."""
         self._api.ping()
-        if self._version is None or self._version_at < self.last_down_wall:
-            self._read_version()
-        return str(self._version)
+        document = self._version_document
+        if not document or self._version_at < self.last_down_wall:
+            document = self._read_version()
+        return str(document.get("Version", "unknown"))
 
     def _read_version(self) -> dict[str, Any]:
         """`/version`, kept for the pings (its "Version") and `product` (its "Components")."""
         at = time.time()
-        document = dict(self._api.version())
-        self._version, self._version_at = str(document.get("Version", "unknown")), at
-        self._version_document = document
-        return document
+        self._version_document, self._version_at = dict(self._api.version()), at
+        return self._version_document
 
     async def product(self) -> str:
         """Whose API this socket serves: "podman" when the version names Podman's engine (its

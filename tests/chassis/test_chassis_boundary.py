@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import duration_pb2
 from structlog.testing import capture_logs
 from testkit.chassis import LEAKED_SECRET, TOKEN, ChassisTestServicer
+from testkit.playback import eventually
 
 from swerl.chassis.client import error_info, make_channel, trailing_request_id
 from swerl.chassis.errors import ERROR_DOMAIN
@@ -66,10 +67,7 @@ async def test_unknown_exception_is_logged_with_its_traceback(stub):
             await stub.GetDiff(sandbox_pb2.GetDiffRequest(sandbox_id="sbx-1"), timeout=5)
         # The server writes its line once the call has ended, which the client may hear first
         # (seen in CI under load): the line is waited for.
-        for _ in range(50):
-            if _rpc_lines(logs, method):
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: bool(_rpc_lines(logs, method)))
 
     (line,) = _rpc_lines(logs, method)
     assert line["code"] == "INTERNAL"
@@ -223,10 +221,9 @@ async def test_client_cancellation_reaches_the_handler_and_is_logged_as_cancelle
         call.cancel()
         await asyncio.wait_for(servicer.slow_call_cancelled.wait(), 5)
         # The log line is written as the handler unwinds; give that a moment to finish.
-        for _ in range(100):
-            if _rpc_lines(logs, "/swerl.exec.v1.SandboxService/RenewSandbox"):
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: bool(_rpc_lines(logs, "/swerl.exec.v1.SandboxService/RenewSandbox"))
+        )
 
     (line,) = _rpc_lines(logs, "/swerl.exec.v1.SandboxService/RenewSandbox")
     assert line["code"] == "CANCELLED"
