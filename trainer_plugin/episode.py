@@ -29,6 +29,7 @@ import grpc
 
 from swerl.agent.client import EpisodeCall, open_episode
 from swerl.agent.v1 import agent_pb2, agent_pb2_grpc
+from swerl.chassis.bounded import within
 from swerl.chassis.client import CHANNEL_OPTIONS
 from swerl.chassis.interceptors import AUTHORIZATION_METADATA_KEY, REQUEST_ID_METADATA_KEY
 from swerl.chassis.retry import async_retrying
@@ -250,7 +251,7 @@ async def _watch(
             reason = "rollout aborted" if why == "abort" else "plugin deadline"
             with contextlib.suppress(asyncio.TimeoutError):
                 # A stream that is already ending takes no cancel; the reader reports how.
-                await asyncio.wait_for(episode.cancel(reason), settings.cancel_grace_s)
+                await within(episode.cancel(reason), settings.cancel_grace_s)
         elif now - cancel_sent_at >= settings.cancel_grace_s:
             episode.abort()
             reader.cancel()

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 
+from swerl.chassis.bounded import within
 from swerl.chassis.images import image_key
 from swerl.exec.errors import DockerUnavailable, ImageNotPresent, InvalidImageReference
 from swerl.exec.runtime import (
@@ -220,7 +221,7 @@ class DockerBackend:
             self._ping = self._ping_pool.submit(self._ping_once)
         try:
             answer = asyncio.shield(asyncio.wrap_future(self._ping))
-            version = await asyncio.wait_for(answer, timeout_s)
+            version = await within(answer, timeout_s)
         except asyncio.TimeoutError:
             raise DockerUnavailable(
                 f"{self.daemon} did not answer a ping within {timeout_s:g} s (hung or overloaded)"

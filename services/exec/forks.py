@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.chassis.sqlite import SqliteStore
 from swerl.exec.errors import CheckpointNotFound, InvalidSandboxSpec, NodeAtCapacity, SandboxBusy
 from swerl.exec.images import FORK_IMAGE_LABEL
@@ -519,7 +520,7 @@ class ForkManager:
     async def _gc_loop(self) -> None:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._gc_wanted.wait(), self.settings.reap_interval_s)
+                await within(self._gc_wanted.wait(), self.settings.reap_interval_s)
             self._gc_wanted.clear()
             with contextlib.suppress(Exception):
                 await self.collect()

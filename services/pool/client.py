@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.chassis.client import make_channel
 from swerl.chassis.retry import async_retrying
 from swerl.chassis.timeconv import duration_pb
@@ -379,7 +380,7 @@ class _Keeper:
                 wait = min((x.next_renew for x in self.leases.values()), default=now + 1) - now
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, wait))
+                    await within(self._wake.wait(), max(0.0, wait))
 
 
 class PoolClient:

@@ -30,6 +30,7 @@ from typing import Any, Literal, get_args
 
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.chassis.errors import SwerlError
 from swerl.pool import placement
 from swerl.pool.errors import InvalidLeaseRequest
@@ -184,8 +185,8 @@ class Pool:
         for task in tasks:
             task.cancel()
         if tasks:
-            # Bounded: asyncio.wait_for in Python < 3.12 can swallow a cancellation that races
-            # its inner future; the loops also stop on _stopping.
+            # Bounded all the same (a loop's awaits go through swerl.chassis.bounded, which keeps
+            # a cancel); the loops also stop on _stopping.
             await asyncio.wait(tasks, timeout=5.0)
         await self._registry.close()
         waiting = [*self._state.queue]
@@ -326,9 +327,7 @@ class Pool:
         state = self._state
         while not self._stopping:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(
-                    state.maintain_now.wait(), timeout=self.settings.maintenance_interval_s
-                )
+                await within(state.maintain_now.wait(), self.settings.maintenance_interval_s)
             state.maintain_now.clear()
             try:
                 self._maintain()

@@ -19,6 +19,7 @@ import uuid
 
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.chassis.errors import Internal, SwerlError
 from swerl.pool import metrics, placement
 from swerl.pool.errors import (
@@ -124,9 +125,7 @@ class Queue:
         lease.waiters += 1
         try:
             try:
-                await asyncio.wait_for(
-                    asyncio.shield(ready), timeout=max(0.0, deadline - time.time())
-                )
+                await within(asyncio.shield(ready), max(0.0, deadline - time.time()))
             except asyncio.TimeoutError:
                 if lease in queue:
                     waited = time.time() - lease.create_time

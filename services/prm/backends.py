@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from swerl.chassis.bounded import within
 from swerl.prm.errors import JudgeBadResponse, JudgeConnectionError, JudgeReplyCut
 
 Messages = list[dict[str, str]]
@@ -193,9 +194,7 @@ class SglangBackend(_HttpBackend):
             if cache.name or time.monotonic() < cache.next_ask:
                 return cache.name
             try:
-                info = await asyncio.wait_for(
-                    self._request("GET", "/get_model_info"), _MODEL_INFO_TIMEOUT_S
-                )
+                info = await within(self._request("GET", "/get_model_info"), _MODEL_INFO_TIMEOUT_S)
             except (JudgeConnectionError, JudgeBadResponse, asyncio.TimeoutError):
                 cache.next_ask = time.monotonic() + _MODEL_INFO_RETRY_S
                 return ""

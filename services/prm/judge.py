@@ -15,6 +15,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from swerl.chassis.bounded import within
 from swerl.chassis.retry import async_retrying
 from swerl.prm import metrics
 from swerl.prm.backends import JudgeBackend, RenderedPrompt
@@ -143,7 +144,7 @@ class Judge:
                     metrics.JUDGE_CALLS_IN_FLIGHT.inc()
                     call_started = time.monotonic()
                     try:
-                        return await asyncio.wait_for(
+                        return await within(
                             self.backend.sample(prompt, seed, routing_key), timeout_s
                         )
                     except asyncio.TimeoutError as exc:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from swerl.chassis.bounded import within
 from swerl.e2b.connect import ConnectError
 from swerl.e2b.scripts import (
     INLINE_READ_BYTES,
@@ -145,7 +146,7 @@ class Process:
             quiet = False
             async with self.changed:
                 try:
-                    await asyncio.wait_for(self.changed.wait_for(moved), timeout=keepalive_s)
+                    await within(self.changed.wait_for(moved), keepalive_s)
                 except asyncio.TimeoutError:
                     quiet = True
                 batch = self.events[index:]
@@ -356,19 +357,19 @@ class ProcessTable:
                     pause = POLL_MIN_S if moved else min(POLL_MAX_S, pause * 2)
                     self._wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), pause)
+                        await within(self._wake.wait(), pause)
                     continue
                 self._wake.clear()
                 if self._trash:
                     # Idle with files to remove: remove them unless work comes first.
                     idle = CLEANUP_IDLE_S if len(self._trash) < CLEANUP_MAX else 0.0
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), idle)
+                        await within(self._wake.wait(), idle)
                     if not self._wake.is_set():
                         await self._cleanup()
                     continue
                 try:
-                    await asyncio.wait_for(self._wake.wait(), MAX_CALL_AGE_S)
+                    await within(self._wake.wait(), MAX_CALL_AGE_S)
                 except asyncio.TimeoutError:
                     self._drop_call()  # idle: leave nothing open on the node
         finally:

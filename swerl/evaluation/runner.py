@@ -22,6 +22,7 @@ from swerl.agent import budget
 from swerl.agent import client as agent_client
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.v1 import agent_pb2_grpc
+from swerl.chassis.bounded import within
 from swerl.chassis.client import error_info
 from swerl.evaluation.dataset import EvalInstance
 from swerl.evaluation.results import ERROR_STATUSES, OutputDir, combine
@@ -164,7 +165,7 @@ async def _cancel_episode(episode: agent_client.EpisodeCall) -> None:
     waits a little for its CANCELLED result; a dropped call is the agent's cue as well."""
     await episode.cancel("swerl eval stopped")
     try:
-        await asyncio.wait_for(episode.wait(), timeout=CANCEL_GRACE_S)
+        await within(episode.wait(), CANCEL_GRACE_S)
     except (asyncio.TimeoutError, grpc.RpcError):
         episode.abort()
 

@@ -250,6 +250,10 @@ class PlaybackAgent(agent_pb2_grpc.AgentServiceServicer):
     metadata: list[dict[str, str]] = field(default_factory=list)
     active: int = 0
     max_active: int = 0
+    # Calls parked past their last message (ignore_cancel): a cancel now reaches the handler's
+    # own await. One that lands while the handler waits for gRPC to send a message is raised in
+    # gRPC's loop, not here: the handler is only closed when its generator is collected.
+    parked: int = 0
 
     async def RunEpisode(self, request_iterator, context):
         first = await anext(aiter(request_iterator))
@@ -284,6 +288,7 @@ class PlaybackAgent(agent_pb2_grpc.AgentServiceServicer):
             if scenario.end_without_result:
                 return
             if scenario.ignore_cancel:
+                self.parked += 1
                 await asyncio.Event().wait()
             if scenario.wait_for_cancel:
                 await cancelled.wait()

@@ -281,7 +281,7 @@ async def test_a_cancelled_member_leaves_and_the_last_one_leaving_cancels_the_st
         calls = [
             asyncio.ensure_future(fw.generate(args, s, dict(SAMPLING_PARAMS))) for s in group(fw)
         ]
-        await eventually(lambda: server.agent.active == 1)
+        await eventually(lambda: server.agent.parked == 1)
         for call in calls[:-1]:
             call.cancel()
         await asyncio.sleep(0.3)

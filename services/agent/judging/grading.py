@@ -9,7 +9,6 @@ sandbox the policy broke, none where nothing was graded.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from swerl.agent import budget
@@ -17,6 +16,7 @@ from swerl.agent.errors import EpisodeInfraError
 from swerl.agent.loop.sandbox import SandboxProvider, guarded
 from swerl.agent.spec import EpisodeSpec
 from swerl.agent.status import EpisodeStatus
+from swerl.chassis.bounded import within
 from swerl.exec.v1 import evaluate_pb2
 from swerl.exec.verdicts import empty_patch
 
@@ -58,7 +58,7 @@ async def evaluate_in_budget(
         limit_s = budget.grading_limit_s(left_s, spec.eval_timeout_s)
         bound_s = max(left_s, limit_s) + budget.GRADING_OVERHEAD_S
     try:
-        return await asyncio.wait_for(evaluate(provider, spec, key, patch, limit_s), bound_s)
+        return await within(evaluate(provider, spec, key, patch, limit_s), bound_s)
     except TimeoutError as err:
         if bound_s is None:
             raise

@@ -23,6 +23,7 @@ from swerl.agent.judging.steps import (
 )
 from swerl.agent.v1 import agent_pb2 as pb
 from swerl.agent.wire import step_score_pb
+from swerl.chassis.bounded import within
 
 
 class StepScoring:
@@ -115,7 +116,7 @@ class StepScoring:
 
     async def _judged(self, judge: StepJudge, turn: TurnToJudge) -> None:
         try:
-            judged = await asyncio.wait_for(judge.judge(turn), self._prm.timeout_s)
+            judged = await within(judge.judge(turn), self._prm.timeout_s)
         except Exception:  # a judge that fails costs its turn's score, never the episode
             judged = StepScore(turn.turn_index, StepScoreState.FAILED)
         # Keyed by the turn it was asked for, whatever the judge wrote: no score changes turns.

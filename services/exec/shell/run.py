@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.exec.errors import CwdNotFound
 from swerl.exec.outcome import Exit
 from swerl.exec.output import OutputCap
@@ -250,7 +251,7 @@ class CommandRun:
         # The kill should bring the end marker within milliseconds; if not, the supervisor is
         # wedged and the next command must get a fresh one.
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self.wait_finished(), RESYNC_S)
+            await within(self.wait_finished(), RESYNC_S)
             return
         if self._state == _RUNNING:
             self._end_now(timed_out=False)

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from swerl.chassis.bounded import within
 from swerl.exec.errors import (
     DockerUnavailable,
     InvalidCommand,
@@ -106,12 +107,10 @@ class SandboxShell:
         restarted one has lost its record of the kill), or dockerd no longer answers. None when
         the command (or something inside the container) ended it: its exit status says so."""
         try:
-            signal = await asyncio.wait_for(
-                self._backend.kill_signal(self.container_id, since), GONE_ASK_S
-            )
+            signal = await within(self._backend.kill_signal(self.container_id, since), GONE_ASK_S)
             if signal is None and await self._stops_within(KILL_SETTLE_S):
                 await asyncio.sleep(KILL_LOG_GRACE_S)
-                signal = await asyncio.wait_for(
+                signal = await within(
                     self._backend.kill_signal(self.container_id, since), GONE_ASK_S
                 )
         except (DockerUnavailable, asyncio.TimeoutError) as exc:
@@ -144,9 +143,7 @@ class SandboxShell:
         """Whether Docker says the container stopped (or is gone) within `seconds`."""
         deadline = time.monotonic() + seconds
         while True:
-            state = await asyncio.wait_for(
-                self._backend.container_state(self.container_id), GONE_ASK_S
-            )
+            state = await within(self._backend.container_state(self.container_id), GONE_ASK_S)
             if state is None or not state.running:
                 return True
             if time.monotonic() >= deadline:
