@@ -1,12 +1,14 @@
 """The type check is real: mypy sees swerl's generated contracts, so a wrong type fails CI.
 
 scripts/typecheck runs `mypy -p swerl` on a regular install (an editable one hides swerl from
-mypy). These tests type-check small programs against such an install and assert mypy rejects
-what the code review found slipping through when every swerl import was `Any`.
+mypy), and scripts/test hands that install to these tests (SWERL_TYPECHECK_SITE). They
+type-check small programs against such an install and assert mypy rejects what the code review
+found slipping through when every swerl import was `Any`.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def installed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A regular (non-editable) install of the checkout, as scripts/typecheck makes one."""
+    """A regular (non-editable) install of the checkout, as scripts/typecheck makes one: the one
+    it made when SWERL_TYPECHECK_SITE names it (scripts/test), else one made here."""
+    given = os.environ.get("SWERL_TYPECHECK_SITE")
+    if given:
+        site = Path(given)
+        assert (site / "swerl" / "__init__.py").is_file(), (
+            f"SWERL_TYPECHECK_SITE={given} holds no install of swerl"
+            " (scripts/typecheck --install-only makes it)"
+        )
+        return site
     site = tmp_path_factory.mktemp("typecheck-site")
     subprocess.run(
         [

@@ -1,4 +1,4 @@
-"""swerl.chassis.bounded: a bounded await keeps the cancellation that Python 3.11's wait_for loses.
+"""swerl.chassis.bounded: a bounded await keeps the cancel that wait_for loses before Python 3.12.
 
 The race is made exact: the inner future gets its result and the awaiting task its cancel in one
 loop iteration, before the task runs again. With 3.11's `asyncio.wait_for` the task then returns
@@ -56,6 +56,34 @@ async def test_within_times_out_and_cancels_what_it_waited_on():
     with pytest.raises(TimeoutError):
         await within(never, 0.05)
     assert never.cancelled()
+
+
+async def test_within_cancelled_from_outside_cancels_what_it_waited_on():
+    started = asyncio.Event()
+    ended: list[str] = []
+
+    async def slow() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    task = asyncio.ensure_future(within(slow(), 30.0))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ended == ["cancelled"]
+
+
+async def test_within_passes_on_the_error_of_what_it_waited_on():
+    async def broken() -> None:
+        raise ValueError("inner")
+
+    with pytest.raises(ValueError, match="inner"):
+        await within(broken(), 1.0)
 
 
 async def test_within_returns_the_result_and_none_means_unbounded():
