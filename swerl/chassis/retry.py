@@ -89,12 +89,27 @@ def _policy(
     predicate = retry_on or functools.partial(is_retryable, reasons=frozenset(reasons))
     return {
         "retry": tenacity.retry_if_exception(predicate),
-        # Jitter spreads the retries of many clients that failed together (a node restart).
-        "wait": _exponential_jitter(initial_wait_s, max_wait_s),
+        # Jitter spreads the retries of many clients that failed together (a node restart). No
+        # wait runs past max_delay_s: the last one is cut to end there, so the window is tried
+        # to its end and a call given 2 s ends at 2 s plus its last attempt, not after a whole
+        # backoff begun at 1.9 s.
+        "wait": _until(max_delay_s, _exponential_jitter(initial_wait_s, max_wait_s)),
         "stop": tenacity.stop_after_attempt(max_attempts) | tenacity.stop_after_delay(max_delay_s),
         "reraise": True,
         "before_sleep": _log_retry,
     }
+
+
+def _until(
+    max_delay_s: float, wait: Callable[[tenacity.RetryCallState], float]
+) -> Callable[[tenacity.RetryCallState], float]:
+    """`wait`, cut to what is left of the first `max_delay_s` seconds since the first attempt."""
+
+    def cut(state: tenacity.RetryCallState) -> float:
+        left = max_delay_s - (state.seconds_since_start or 0.0)
+        return max(0.0, min(wait(state), left))
+
+    return cut
 
 
 def _exponential_jitter(initial_s: float, max_s: float) -> tenacity.wait.wait_base:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import grpc
 import pytest
@@ -93,6 +94,24 @@ async def test_other_failures_are_not_retried(stub):
 
     assert attempts == 1
     assert error_info(caught.value)[0] == "SANDBOX_NOT_FOUND"
+
+
+async def test_no_backoff_runs_past_the_retry_bound():
+    # Waits of 0.2, 0.4, 0.8 s and more (plus jitter) against a bound of 1 s: the wait that
+    # would cross the bound is cut to end at it, so the last attempt starts at the bound, never
+    # after it (0.25 s is the event loop's lag on a loaded machine).
+    attempt_starts: list[float] = []
+    started = time.monotonic()
+    async with make_channel(_unused_address()) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for attempt in async_retrying(max_attempts=10, max_delay_s=1.0):
+                with attempt:
+                    attempt_starts.append(time.monotonic() - started)
+                    await stub.GetNodeInfo(sandbox_pb2.GetNodeInfoRequest(), timeout=0.2)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert 2 <= len(attempt_starts) < 10
+    assert 1.0 <= max(attempt_starts) < 1.0 + 0.25, attempt_starts
 
 
 def test_non_grpc_exceptions_are_never_retryable():

@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 import time
+from pathlib import Path
 
 from swerl.exec.shell.wire import make_fifo, open_fifo_end, unblock_fifo
 
@@ -19,19 +20,30 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _new_fds_after_settling(before: set[str], allowed: set[str]) -> set[str]:
-    """The descriptors opened since `before`, once those beyond `allowed` are gone (5 s at most:
-    a late open's thread closes what it got)."""
+def _fds_on(path: Path) -> set[str]:
+    """This process's descriptors open on `path`, by what they point at: a descriptor number
+    says nothing alone, since the worker's other threads open and close their own meanwhile
+    (one closed between two listings and reused by the test's own open hid it: CI, 7 Dec)."""
+    found = set()
+    for fd in _open_fds():
+        with contextlib.suppress(OSError):  # one closed as the listing was read
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                found.add(fd)
+    return found
+
+
+def _fds_on_after_settling(path: Path, allowed: set[str]) -> set[str]:
+    """The descriptors on `path`, once those beyond `allowed` are gone (5 s at most: a late
+    open's thread closes what it got)."""
     deadline = time.monotonic() + 5
-    while _open_fds() - before - allowed and time.monotonic() < deadline:
+    while _fds_on(path) - allowed and time.monotonic() < deadline:
         time.sleep(0.02)
-    return _open_fds() - before
+    return _fds_on(path)
 
 
 def test_an_open_that_never_meets_its_peer_does_not_hold_up_the_loops_shutdown(tmp_path) -> None:
     fifo = tmp_path / "out.1"
     make_fifo(fifo)
-    before = _open_fds()
 
     async def main() -> None:
         opening = open_fifo_end(fifo, os.O_RDONLY)
@@ -45,19 +57,18 @@ def test_an_open_that_never_meets_its_peer_does_not_hold_up_the_loops_shutdown(t
     unblock_fifo(fifo)  # the peer comes after the loop closed (and frees a hung run, if any)
     runner.join(10)
     assert not hung, "the loop's shutdown waited on the FIFO open"
-    assert _new_fds_after_settling(before, set()) == set(), "the late descriptor was not closed"
+    assert _fds_on_after_settling(fifo, set()) == set(), "the late descriptor was not closed"
 
 
 async def test_a_cancelled_open_closes_what_it_opens_and_a_wanted_one_delivers_it(tmp_path) -> None:
     fifo = tmp_path / "stdin.1"
     make_fifo(fifo)
-    before = _open_fds()
     abandoned = open_fifo_end(fifo, os.O_WRONLY)
     await asyncio.sleep(0.05)
     abandoned.cancel()
     peer = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        settled = await asyncio.to_thread(_new_fds_after_settling, before, {str(peer)})
+        settled = await asyncio.to_thread(_fds_on_after_settling, fifo, {str(peer)})
         assert settled == {str(peer)}, "the abandoned open's descriptor leaked"
         wanted = await asyncio.wait_for(open_fifo_end(fifo, os.O_WRONLY), 5)
         assert os.write(wanted, b"x") == 1 and os.read(peer, 1) == b"x"
