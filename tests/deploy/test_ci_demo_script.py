@@ -96,18 +96,18 @@ def test_a_traceback_fails_the_job_even_when_the_demo_exits_0(tmp_path):
         assert "[ci-demo] FAILED: scripts/demo printed a Python traceback" in run.stderr
 
 
-def test_ci_runs_the_demo_beside_the_tests_and_ends_with_its_wall_time(tmp_path):
+def test_ci_runs_the_demo_beside_the_tests_tail_and_ends_with_its_wall_time(tmp_path):
     checkout = _checkout(tmp_path, "exit 0\n")
-    # The stand-in scripts/test runs what SWERL_TEST_BESIDE names, as the real one does beside
-    # its tests, and fails when that fails.
+    # The stand-in scripts/test runs what SWERL_TEST_BESIDE_TAIL names, as the real one does
+    # beside its last steps, and fails when that fails.
     _script(
         checkout / "scripts/test",
-        'echo "tests: $* (beside: ${SWERL_TEST_BESIDE:-none})"\n'
-        'if [[ -n "${SWERL_TEST_BESIDE:-}" ]]; then bash -c "$SWERL_TEST_BESIDE"; fi\n',
+        'echo "tests: $* (beside: ${SWERL_TEST_BESIDE_TAIL:-none})"\n'
+        'if [[ -n "${SWERL_TEST_BESIDE_TAIL:-}" ]]; then bash -c "$SWERL_TEST_BESIDE_TAIL"; fi\n',
     )
     _script(checkout / "scripts/ci-demo", 'echo "ci-demo ran"\n')
     # Not the value of the .ci/run that runs this suite (it sets the variable for scripts/test).
-    env = {k: v for k, v in os.environ.items() if k != "SWERL_TEST_BESIDE"}
+    env = {k: v for k, v in os.environ.items() if k != "SWERL_TEST_BESIDE_TAIL"}
     env["TMPDIR"] = str(tmp_path)
 
     def ci(*args: str) -> subprocess.CompletedProcess[str]:
