@@ -308,10 +308,12 @@ async def test_restarted_node_adopts_used_fork_images_and_removes_unused_ones(
 def _remove_test_fork_images() -> None:
     client = docker.from_env()
     try:
-        for image in client.images.list(filters={"label": "swerl.checkpoint_id"}):
-            if image.labels.get("swerl.node", "").startswith("test-"):
+        # One listing call (docker-py's `images.list` inspects each image, and one removed
+        # meanwhile raises ImageNotFound).
+        for image in client.api.images(filters={"label": "swerl.checkpoint_id"}):
+            if (image.get("Labels") or {}).get("swerl.node", "").startswith("test-"):
                 with contextlib.suppress(docker.errors.APIError):
-                    client.images.remove(image.id, force=True)
+                    client.images.remove(image["Id"], force=True)
     finally:
         client.close()
 

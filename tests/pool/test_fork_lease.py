@@ -35,8 +35,11 @@ _nodes: dict[str, SandboxClient] = {}
 def _fork_images_of(node_ids: list[str]) -> list[str]:
     client = docker.from_env()
     try:
-        images = client.images.list(filters={"label": "swerl.checkpoint_id"})
-        return [i.id for i in images if i.labels.get("swerl.node") in node_ids]
+        # One listing call, as `docker images` makes: docker-py's `images.list` inspects each
+        # image it listed, and a fork image another worker's node removed meanwhile raised
+        # ImageNotFound (CI, 7 Dec).
+        images = client.api.images(filters={"label": "swerl.checkpoint_id"})
+        return [i["Id"] for i in images if (i.get("Labels") or {}).get("swerl.node") in node_ids]
     finally:
         client.close()
 
